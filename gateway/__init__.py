@@ -1,0 +1,3 @@
+"""Multi-protocol inference gateway."""
+
+__version__ = "0.1.0"

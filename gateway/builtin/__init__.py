@@ -1,0 +1,1 @@
+"""Embedded demo models served in-process by the ``builtin`` upstream."""

@@ -1,0 +1,55 @@
+"""The ``builtin`` upstream: the embedded models, served in-process."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateway.builtin.models import MODEL_VERSION, BuiltinModel, default_models
+from gateway.confignode import Node
+from gateway.errors import model_not_found
+from gateway.protocols.base import UpstreamClient
+from gateway.types import InferRequest, InferResponse, ModelMetadata, RequestContext
+
+
+class BuiltinClient(UpstreamClient):
+    @classmethod
+    def needs_endpoints(cls) -> bool:
+        return False
+
+    @classmethod
+    def parse_options(cls, node: Node) -> Any:
+        known = default_models()
+        names = tuple(node.get("models", list, list(known)))
+        for i, name in enumerate(names):
+            if name not in known:
+                node.error(f"unknown builtin model {name!r}; known: {', '.join(known)}", f"models[{i}]")
+        return names
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        enabled = self.upstream.options or ()
+        self.models = {name: model for name, model in default_models().items() if name in enabled}
+
+    def _model(self, name: str, version: str) -> BuiltinModel:
+        model = self.models.get(name)
+        if model is None or version not in ("", MODEL_VERSION):
+            raise model_not_found(name, version)
+        return model
+
+    async def infer(self, request: InferRequest, ctx: RequestContext) -> InferResponse:
+        model = self._model(request.model_name, request.model_version)
+        outputs = model.compute(model.check_inputs(request.inputs))
+        return InferResponse(model.name, MODEL_VERSION, request.id, outputs)
+
+    async def model_metadata(self, model: str, version: str, ctx: RequestContext) -> ModelMetadata:
+        return self._model(model, version).metadata()
+
+    async def model_ready(self, model: str, version: str, ctx: RequestContext) -> bool:
+        self._model(model, version)
+        return True
+
+    async def server_ready(self, ctx: RequestContext) -> bool:
+        return True
+
+    async def list_models(self, ctx: RequestContext) -> list[str]:
+        return list(self.models)

@@ -1,0 +1,302 @@
+"""Gateway configuration: YAML -> validated, frozen dataclasses.
+
+Validation lives here and in each protocol's ``parse_options``; every problem
+is reported with its YAML path (``routes[2].match.model: ...``).
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from gateway.confignode import ConfigError, Node, expand_env
+
+DEFAULT_MAX_REQUEST_BYTES = 64 << 20
+DEFAULT_CONFIG_RESOURCE = "default_config.yaml"
+
+
+@dataclass(frozen=True, slots=True)
+class Address:
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+_ADDRESS = re.compile(r"^(?:\[(?P<v6>[0-9a-fA-F:.]+)\]|(?P<host>[^:\[\]/\s]+)):(?P<port>\d{1,5})$")
+
+
+def parse_address(node: Node) -> Address | None:
+    text = node.value
+    if not isinstance(text, str):
+        node.error("must be an address 'host:port'")
+        return None
+    match = _ADDRESS.match(text.strip())
+    port = int(match.group("port")) if match else -1
+    if not match or port > 65535:
+        node.error(f"must be an address 'host:port' with a port 0-65535; got {text!r}")
+        return None
+    return Address(match.group("v6") or match.group("host"), port)
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    # Upper bound on the elements of one tensor, checked before allocating.
+    max_tensor_elements: int = 1 << 31
+
+
+@dataclass(frozen=True, slots=True)
+class ServerIdentity:
+    name: str = "inference-gateway"
+    version: str = ""  # empty: the package version
+
+
+@dataclass(frozen=True, slots=True)
+class ListenerConfig:
+    name: str
+    protocol: str
+    address: Address
+    options: Any = None  # the frontend's own parsed options
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamConfig:
+    name: str
+    protocol: str
+    endpoints: tuple[Address, ...] = ()
+    timeout: float | None = None  # seconds, per call, when a route sets none
+    options: Any = None  # the backend's own parsed options
+
+
+@dataclass(frozen=True, slots=True)
+class StringMatch:
+    """How a name is matched: exact, glob (``*``, ``?``, ``[..]``) or regex."""
+
+    kind: str  # "exact" | "glob" | "regex" | "present"
+    pattern: str = ""
+
+    def describe(self) -> str:
+        return self.pattern if self.kind in ("exact", "glob") else f"{self.kind}:{self.pattern}"
+
+
+@dataclass(frozen=True, slots=True)
+class RouteMatch:
+    model: StringMatch = StringMatch("glob", "*")
+    version: StringMatch | None = None
+    listener: str | None = None
+    protocol: str | None = None
+    headers: tuple[tuple[str, StringMatch], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Rewrite:
+    model: str | None = None
+    version: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RouteConfig:
+    match: RouteMatch
+    upstream: str
+    rewrite: Rewrite = Rewrite()
+    timeout: float | None = None
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class AdminConfig:
+    address: Address | None = Address("127.0.0.1", 8002)
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayConfig:
+    listeners: tuple[ListenerConfig, ...]
+    upstreams: tuple[UpstreamConfig, ...]
+    routes: tuple[RouteConfig, ...]
+    admin: AdminConfig = AdminConfig()
+    limits: Limits = Limits()
+    server: ServerIdentity = ServerIdentity()
+    source: str = "<embedded>"
+
+    def upstream(self, name: str) -> UpstreamConfig:
+        return next(u for u in self.upstreams if u.name == name)
+
+
+# --- parsing ---------------------------------------------------------------
+
+
+def _expand_tree(value: Any, path: str, problems: list[str]) -> Any:
+    if isinstance(value, str):
+        return expand_env(value, path, problems) if "$" in value else value
+    if isinstance(value, list):
+        return [_expand_tree(v, f"{path}[{i}]", problems) for i, v in enumerate(value)]
+    if isinstance(value, dict):
+        return {k: _expand_tree(v, f"{path}.{k}" if path else str(k), problems) for k, v in value.items()}
+    return value
+
+
+def _string_match(node: Node, *, allow_present: bool = False) -> StringMatch | None:
+    value = node.value
+    if isinstance(value, (str, int)) and not isinstance(value, bool):
+        text = str(value)
+        return StringMatch("glob" if any(c in text for c in "*?[") else "exact", text)
+    if isinstance(value, dict) and len(value) == 1:
+        (kind, pattern), = value.items()
+        if kind == "regex" and isinstance(pattern, str):
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                node.error(f"invalid regex: {exc}")
+                return None
+            return StringMatch("regex", pattern)
+        if kind in ("exact", "glob") and isinstance(pattern, str):
+            return StringMatch(kind, pattern)
+        if kind == "present" and allow_present and pattern is True:
+            return StringMatch("present")
+    forms = "a string (exact or glob), {exact: S}, {glob: S}, {regex: S}"
+    node.error(f"must be {forms}" + (" or {present: true}" if allow_present else ""))
+    return None
+
+
+def _route_match(node: Node, listener_names: set[str]) -> RouteMatch:
+    if not node.is_mapping:
+        node.error("must be a mapping with model, version, listener, protocol or headers")
+        return RouteMatch()
+    model = _string_match(node.child("model")) if node.has("model") else StringMatch("glob", "*")
+    version = _string_match(node.child("version")) if node.has("version") else None
+    listener = node.str("listener", None)
+    if listener is not None and listener not in listener_names:
+        node.error(f"names no listener; known: {', '.join(sorted(listener_names))}", "listener")
+    protocol = node.str("protocol", None)
+    headers: list[tuple[str, StringMatch]] = []
+    for name, header_node in node.child("headers", None).entries():
+        matcher = _string_match(header_node, allow_present=True)
+        if matcher:
+            headers.append((name.lower(), matcher))
+    node.check_no_unknown_keys()
+    return RouteMatch(model or StringMatch("glob", "*"), version, listener, protocol, tuple(headers))
+
+
+def _rewrite(node: Node) -> Rewrite:
+    if node.value is None:
+        return Rewrite()
+    rewrite = Rewrite(node.str("model", None), node.str("version", None))
+    node.check_no_unknown_keys()
+    return rewrite
+
+
+def _protocol_options(node: Node, protocol: str | None, side: str) -> Any:
+    from gateway.protocols import registry
+
+    if protocol is None:
+        return None
+    try:
+        component = registry.load(protocol, side)
+    except KeyError:
+        known = ", ".join(registry.names(side))
+        node.error(f"unknown {side} protocol {protocol!r}; known: {known}", "protocol")
+        return None
+    return component.parse_options(node)
+
+
+def _unique(node: Node, names: list[str | None], what: str) -> None:
+    seen: set[str] = set()
+    for i, name in enumerate(names):
+        if name is None:
+            continue
+        if name in seen:
+            node.error(f"duplicate {what} name {name!r}", i)  # type: ignore[arg-type]
+        seen.add(name)
+
+
+def parse_config(data: Any, source: str = "<string>") -> GatewayConfig:
+    problems: list[str] = []
+    root = Node(_expand_tree(data, "", problems), "", problems)
+    if not root.is_mapping:
+        raise ConfigError(["<root>: the configuration must be a mapping"])
+
+    limits_node = root.child("limits", {})
+    limits = Limits(
+        max_request_bytes=limits_node.size("max_request_bytes", DEFAULT_MAX_REQUEST_BYTES),
+        max_tensor_elements=limits_node.int("max_tensor_elements", 1 << 31, minimum=1),
+    )
+    limits_node.check_no_unknown_keys()
+
+    server_node = root.child("server", {})
+    server = ServerIdentity(server_node.str("name", "inference-gateway"), server_node.str("version", ""))
+    server_node.check_no_unknown_keys()
+
+    admin_node = root.child("admin", {})
+    admin_address = admin_node.child("address", "127.0.0.1:8002")
+    admin = AdminConfig(parse_address(admin_address) if admin_address.value is not None else None)
+    admin_node.check_no_unknown_keys()
+
+    listeners: list[ListenerConfig] = []
+    listeners_node = root.child("listeners")
+    for item in listeners_node.items():
+        name, protocol = item.str("name"), item.str("protocol")
+        address = parse_address(item.child("address"))
+        options = _protocol_options(item, protocol, "frontend")
+        item.check_no_unknown_keys()
+        if name and protocol and address:
+            listeners.append(ListenerConfig(name, protocol, address, options))
+    _unique(listeners_node, [x.get("name") if isinstance(x, dict) else None for x in listeners_node.value or []], "listener")
+
+    upstreams: list[UpstreamConfig] = []
+    upstreams_node = root.child("upstreams")
+    for item in upstreams_node.items():
+        name, protocol = item.str("name"), item.str("protocol")
+        endpoints = tuple(a for a in map(parse_address, item.child("endpoints", []).items()) if a)
+        timeout = item.duration("timeout", None)
+        options = _protocol_options(item, protocol, "backend")
+        item.check_no_unknown_keys()
+        if name and protocol:
+            upstreams.append(UpstreamConfig(name, protocol, endpoints, timeout, options))
+    _unique(upstreams_node, [x.get("name") if isinstance(x, dict) else None for x in upstreams_node.value or []], "upstream")
+
+    listener_names = {x.name for x in listeners}
+    upstream_names = {x.name for x in upstreams}
+    routes: list[RouteConfig] = []
+    for item in root.child("routes").items():
+        match = _route_match(item.child("match", {}), listener_names)
+        upstream = item.str("upstream")
+        if upstream is not None and upstream not in upstream_names:
+            item.error(f"names no upstream; known: {', '.join(sorted(upstream_names))}", "upstream")
+        rewrite = _rewrite(item.child("rewrite", None))
+        timeout = item.duration("timeout", None)
+        options = item.get("options", dict, {})
+        item.check_no_unknown_keys()
+        if upstream:
+            routes.append(RouteConfig(match, upstream, rewrite, timeout, options))
+
+    root.check_no_unknown_keys()
+    if problems:
+        raise ConfigError(problems)
+    return GatewayConfig(tuple(listeners), tuple(upstreams), tuple(routes), admin, limits, server, source)
+
+
+def load_config(path: str | Path | None = None) -> GatewayConfig:
+    """Load a YAML file, or the embedded default when ``path`` is None."""
+    if path is None:
+        text = importlib.resources.files("gateway").joinpath(DEFAULT_CONFIG_RESOURCE).read_text()
+        source = "<embedded default>"
+    else:
+        try:
+            text = Path(path).read_text()
+        except OSError as exc:
+            raise ConfigError([f"<file>: cannot read {path}: {exc.strerror}"]) from None
+        source = str(path)
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "<file>"
+        raise ConfigError([f"{where}: invalid YAML: {getattr(exc, 'problem', exc)}"]) from None
+    return parse_config(data, source)

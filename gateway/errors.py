@@ -1,0 +1,68 @@
+"""One error tree for the whole gateway.
+
+Every failure becomes a :class:`GatewayError` carrying an :class:`ErrorKind`.
+Backends translate upstream failures into kinds; frontends translate kinds into
+their protocol's own error form. Nothing here knows about any transport.
+"""
+
+from __future__ import annotations
+
+import enum
+
+# Messages travel back to clients; keep them bounded so a hostile payload
+# echoed into an error cannot blow up a response or a log line.
+MAX_MESSAGE_CHARS = 1024
+
+
+class ErrorKind(enum.Enum):
+    MALFORMED_REQUEST = "malformed_request"  # not parseable as the protocol
+    INVALID_INPUT = "invalid_input"  # parseable, but shapes/types/sizes wrong
+    MODEL_NOT_FOUND = "model_not_found"  # unknown model or no route for it
+    UNSUPPORTED = "unsupported"  # operation or feature not offered
+    UNAUTHENTICATED = "unauthenticated"  # missing or wrong credentials
+    TOO_LARGE = "too_large"  # over a configured size limit
+    OVERLOADED = "overloaded"  # concurrency limit or circuit breaker hit
+    NOT_READY = "not_ready"  # model or server known but not ready
+    UPSTREAM_UNAVAILABLE = "upstream_unavailable"
+    UPSTREAM_TIMEOUT = "upstream_timeout"
+    UPSTREAM_BAD_RESPONSE = "upstream_bad_response"
+    INTERNAL = "internal"  # a bug in the gateway
+
+
+def bounded(message: str) -> str:
+    if len(message) <= MAX_MESSAGE_CHARS:
+        return message
+    return message[: MAX_MESSAGE_CHARS - 3] + "..."
+
+
+class GatewayError(Exception):
+    """A failure with a kind every frontend knows how to encode."""
+
+    def __init__(self, kind: ErrorKind, message: str) -> None:
+        self.kind = kind
+        self.message = bounded(message)
+        super().__init__(self.message)
+
+    def __repr__(self) -> str:
+        return f"GatewayError({self.kind.name}, {self.message!r})"
+
+
+def malformed(message: str) -> GatewayError:
+    return GatewayError(ErrorKind.MALFORMED_REQUEST, message)
+
+
+def invalid(message: str) -> GatewayError:
+    return GatewayError(ErrorKind.INVALID_INPUT, message)
+
+
+def model_not_found(model: str, version: str | None = None) -> GatewayError:
+    shown = f"'{model}'" if not version else f"'{model}' version '{version}'"
+    return GatewayError(ErrorKind.MODEL_NOT_FOUND, f"model {shown} is not found")
+
+
+def unsupported(message: str) -> GatewayError:
+    return GatewayError(ErrorKind.UNSUPPORTED, message)
+
+
+def too_large(message: str) -> GatewayError:
+    return GatewayError(ErrorKind.TOO_LARGE, message)

@@ -1,0 +1,96 @@
+"""The two contracts a protocol adapter implements.
+
+A *frontend* owns one listener: it decodes its wire format into canonical
+requests, hands them to the :class:`~gateway.proxy.DataPlane` and encodes the
+answers (or errors) back. An *upstream client* talks to one endpoint of an
+upstream cluster in that upstream's protocol.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import TYPE_CHECKING, Any
+
+from gateway.confignode import Node
+from gateway.errors import unsupported
+from gateway.types import InferRequest, InferResponse, ModelMetadata, RequestContext
+
+if TYPE_CHECKING:
+    from gateway.config import Address, ListenerConfig, UpstreamConfig
+    from gateway.proxy import DataPlane
+    from gateway.server import GatewayServices
+
+
+class Frontend(abc.ABC):
+    """A listener speaking one downstream protocol."""
+
+    def __init__(self, listener: "ListenerConfig", dataplane: "DataPlane", services: "GatewayServices") -> None:
+        self.listener = listener
+        self.dataplane = dataplane
+        self.services = services
+
+    @classmethod
+    def parse_options(cls, node: Node) -> Any:
+        """Read this protocol's own listener keys from ``node``."""
+        return None
+
+    @property
+    @abc.abstractmethod
+    def bound_port(self) -> int:
+        """The port actually bound (useful when the config says port 0)."""
+
+    @abc.abstractmethod
+    async def start(self) -> None: ...
+
+    @abc.abstractmethod
+    async def stop(self, grace: float) -> None:
+        """Stop accepting, let in-flight requests finish within ``grace`` s."""
+
+
+class UpstreamClient(abc.ABC):
+    """Speaks an upstream's protocol to one endpoint (or in-process)."""
+
+    def __init__(self, upstream: "UpstreamConfig", endpoint: "Address | None", services: "GatewayServices") -> None:
+        self.upstream = upstream
+        self.endpoint = endpoint
+        self.services = services
+
+    @classmethod
+    def parse_options(cls, node: Node) -> Any:
+        """Read this protocol's own upstream keys from ``node``."""
+        return None
+
+    @classmethod
+    def needs_endpoints(cls) -> bool:
+        return True
+
+    @property
+    def label(self) -> str:
+        """How errors and logs name this endpoint."""
+        return f"{self.upstream.name}" + (f" ({self.endpoint})" if self.endpoint else "")
+
+    async def start(self) -> None:
+        """Open pools or channels; called once before the first request."""
+
+    async def close(self) -> None:
+        """Release connections; called once at shutdown or after reload."""
+
+    @abc.abstractmethod
+    async def infer(self, request: InferRequest, ctx: RequestContext) -> InferResponse: ...
+
+    @abc.abstractmethod
+    async def model_metadata(self, model: str, version: str, ctx: RequestContext) -> ModelMetadata: ...
+
+    @abc.abstractmethod
+    async def model_ready(self, model: str, version: str, ctx: RequestContext) -> bool: ...
+
+    @abc.abstractmethod
+    async def server_ready(self, ctx: RequestContext) -> bool: ...
+
+    async def list_models(self, ctx: RequestContext) -> list[str]:
+        """Models this upstream can name itself; empty when it cannot list."""
+        return []
+
+    async def call_extension(self, operation: str, request: Any, ctx: RequestContext) -> Any:
+        """Protocol-specific operations (e.g. UM-Bridge derivatives)."""
+        raise unsupported(f"upstream '{self.upstream.name}' does not support {operation}")

@@ -1,0 +1,477 @@
+"""Open Inference Protocol (V2) REST codec, with Triton's binary extension.
+
+Pure functions, both directions: decode a client's request and encode our
+response (frontend side), encode a request and decode a server's response
+(backend side). No server imports, so golden tests need no sockets.
+
+Binary layout (Triton's extension): the body is a JSON head of
+``Inference-Header-Content-Length`` bytes followed by each binary tensor's
+raw little-endian bytes in tensor order; BYTES elements are a uint32 LE length
+followed by the bytes.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any, Iterable
+
+import numpy as np
+import orjson
+
+from gateway.errors import ErrorKind, GatewayError, invalid, malformed
+from gateway.types import (
+    ELEMENT_SIZE,
+    NUMPY_DTYPES,
+    InferRequest,
+    InferResponse,
+    ModelMetadata,
+    RequestedOutput,
+    Tensor,
+    TensorSpec,
+    check_datatype,
+    element_count,
+)
+
+HEADER_LENGTH = "Inference-Header-Content-Length"
+BINARY_DATA_SIZE = "binary_data_size"
+JSON_TYPE = "application/json"
+BINARY_TYPE = "application/octet-stream"
+
+STATUS_OF_KIND: dict[ErrorKind, int] = {
+    ErrorKind.MALFORMED_REQUEST: 400,
+    ErrorKind.INVALID_INPUT: 400,
+    ErrorKind.MODEL_NOT_FOUND: 404,
+    ErrorKind.UNSUPPORTED: 501,
+    ErrorKind.UNAUTHENTICATED: 401,
+    ErrorKind.TOO_LARGE: 413,
+    ErrorKind.OVERLOADED: 429,
+    ErrorKind.NOT_READY: 503,
+    ErrorKind.UPSTREAM_UNAVAILABLE: 503,
+    ErrorKind.UPSTREAM_TIMEOUT: 504,
+    ErrorKind.UPSTREAM_BAD_RESPONSE: 502,
+    ErrorKind.INTERNAL: 500,
+}
+
+_INT_KINDS = "iu"
+_JSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY
+
+
+# --- errors ----------------------------------------------------------------
+
+
+def encode_error(error: GatewayError) -> tuple[int, bytes]:
+    return STATUS_OF_KIND[error.kind], orjson.dumps({"error": error.message})
+
+
+def decode_error(status: int, body: bytes, upstream: str) -> GatewayError:
+    """An upstream's error answer as a gateway error (never passed through blindly)."""
+    try:
+        message = str(orjson.loads(body).get("error", ""))[:512]
+    except (orjson.JSONDecodeError, AttributeError):
+        message = ""
+    detail = f"upstream '{upstream}' answered {status}" + (f": {message}" if message else "")
+    if status == 404:
+        return GatewayError(ErrorKind.MODEL_NOT_FOUND, detail)
+    if status in (400, 422):
+        return GatewayError(ErrorKind.INVALID_INPUT, detail)
+    if status == 413:
+        return GatewayError(ErrorKind.TOO_LARGE, detail)
+    if status == 429:
+        return GatewayError(ErrorKind.OVERLOADED, detail)
+    if status == 501:
+        return GatewayError(ErrorKind.UNSUPPORTED, detail)
+    if status in (502, 503):
+        return GatewayError(ErrorKind.UPSTREAM_UNAVAILABLE, detail)
+    if status == 504:
+        return GatewayError(ErrorKind.UPSTREAM_TIMEOUT, detail)
+    return GatewayError(ErrorKind.UPSTREAM_BAD_RESPONSE, detail)
+
+
+# --- JSON helpers ----------------------------------------------------------
+
+
+def load_json_object(data: bytes | memoryview, what: str) -> dict[str, Any]:
+    try:
+        obj = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise malformed(f"{what} is not valid JSON: {exc.msg} at position {exc.pos}") from None
+    if not isinstance(obj, dict):
+        raise malformed(f"{what} must be a JSON object")
+    return obj
+
+
+def _optional(obj: dict[str, Any], key: str, kind: type, where: str, default: Any) -> Any:
+    value = obj.get(key, default)
+    if value is default:
+        return default
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise malformed(f"{where}: '{key}' must be {_KIND_NAMES.get(kind, kind.__name__)}")
+    return value
+
+
+_KIND_NAMES = {str: "a string", dict: "an object", list: "a list", int: "an integer", bool: "a boolean"}
+
+
+def _required(obj: dict[str, Any], key: str, kind: type, where: str) -> Any:
+    if key not in obj:
+        raise malformed(f"{where}: missing '{key}'")
+    return _optional(obj, key, kind, where, None)
+
+
+# --- tensor data: JSON ------------------------------------------------------
+
+
+def _flatten(data: Any, out: list[Any]) -> None:
+    for item in data:
+        if isinstance(item, list):
+            _flatten(item, out)
+        else:
+            out.append(item)
+
+
+def _bytes_from_json(data: list[Any], where: str) -> list[bytes]:
+    flat: list[Any] = []
+    _flatten(data, flat)
+    try:
+        return [item.encode() for item in flat]
+    except AttributeError:
+        bad = next(item for item in flat if not isinstance(item, str))
+        raise invalid(f"{where}: BYTES data must be strings, got {type(bad).__name__}") from None
+
+
+def float_to_bf16(values: np.ndarray) -> np.ndarray:
+    """float -> bfloat16 bit patterns, rounding to nearest even (NaN kept)."""
+    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
+    rounded = (bits + (0x7FFF + ((bits >> 16) & 1))) >> 16
+    rounded = np.where(np.isnan(values.astype(np.float32)), (bits >> 16) | 0x40, rounded)
+    return rounded.astype(np.uint16)
+
+
+def bf16_to_float(bits: np.ndarray) -> np.ndarray:
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def array_from_json(data: Any, datatype: str, shape: tuple[int, ...], count: int, where: str) -> np.ndarray:
+    """JSON ``data`` (flat or nested, row-major) as an array of ``shape``."""
+    if not isinstance(data, list):
+        raise malformed(f"{where}: 'data' must be a list")
+    if datatype == "BYTES":
+        items = _bytes_from_json(data, where)
+        if len(items) != count:
+            raise invalid(f"{where}: has {len(items)} data elements but shape {list(shape)} needs {count}")
+        array = np.empty(count, dtype=object)
+        array[:] = items
+        return array.reshape(shape)
+    try:
+        parsed = np.array(data)
+    except (ValueError, OverflowError):
+        raise invalid(f"{where}: 'data' is not a regular (non-ragged) list of numbers") from None
+    if parsed.size != count:
+        raise invalid(f"{where}: has {parsed.size} data elements but shape {list(shape)} needs {count}")
+    if count == 0:
+        return np.zeros(shape, dtype=NUMPY_DTYPES[datatype])
+    kind = parsed.dtype.kind
+    if datatype == "BOOL":
+        if kind != "b":
+            raise invalid(f"{where}: BOOL data must be true/false")
+    elif datatype in ("FP16", "FP32", "FP64", "BF16"):
+        if kind not in "fiu":
+            raise invalid(f"{where}: {datatype} data must be numbers")
+    else:
+        if kind not in _INT_KINDS:
+            raise invalid(f"{where}: {datatype} data must be integers")
+        limits = np.iinfo(NUMPY_DTYPES[datatype])
+        if parsed.min() < limits.min or parsed.max() > limits.max:
+            raise invalid(f"{where}: a value is out of range for {datatype}")
+    if datatype == "BF16":
+        return float_to_bf16(parsed.astype(np.float64)).reshape(shape)
+    return parsed.astype(NUMPY_DTYPES[datatype], copy=False).reshape(shape)
+
+
+def array_to_json(tensor: Tensor) -> Any:
+    """Flat, row-major JSON-serializable data for ``tensor``."""
+    if tensor.datatype == "BYTES":
+        try:
+            return [item.decode() for item in tensor.data.reshape(-1)]
+        except UnicodeDecodeError:
+            raise invalid(f"output '{tensor.name}' holds non-UTF-8 bytes that JSON cannot carry; "
+                          "request it with binary_data: true") from None
+    if tensor.datatype == "BF16":
+        return bf16_to_float(tensor.data.reshape(-1))
+    return np.ascontiguousarray(tensor.data).reshape(-1)
+
+
+# --- tensor data: binary ----------------------------------------------------
+
+
+def array_from_raw(buffer: memoryview, datatype: str, shape: tuple[int, ...], count: int, where: str) -> np.ndarray:
+    """Raw little-endian bytes (zero-copy view) or length-prefixed BYTES."""
+    if datatype == "BYTES":
+        return bytes_from_raw(buffer, shape, count, where)
+    expected = count * ELEMENT_SIZE[datatype]
+    if len(buffer) != expected:
+        raise invalid(f"{where}: has {len(buffer)} bytes of data but shape {list(shape)} of "
+                      f"{datatype} needs {expected}")
+    return np.frombuffer(buffer, dtype=NUMPY_DTYPES[datatype]).reshape(shape)
+
+
+def bytes_from_raw(buffer: memoryview, shape: tuple[int, ...], count: int, where: str) -> np.ndarray:
+    items: list[bytes] = []
+    offset, end = 0, len(buffer)
+    unpack = struct.Struct("<I").unpack_from
+    while offset < end:
+        if offset + 4 > end:
+            raise invalid(f"{where}: BYTES data ends inside a length prefix")
+        (length,) = unpack(buffer, offset)
+        offset += 4
+        if offset + length > end:
+            raise invalid(f"{where}: BYTES element length {length} overruns the data")
+        if len(items) == count:
+            raise invalid(f"{where}: has more BYTES elements than shape {list(shape)} holds")
+        items.append(bytes(buffer[offset:offset + length]))
+        offset += length
+    if len(items) != count:
+        raise invalid(f"{where}: has {len(items)} BYTES elements but shape {list(shape)} needs {count}")
+    array = np.empty(count, dtype=object)
+    array[:] = items
+    return array.reshape(shape)
+
+
+def bytes_to_raw(array: np.ndarray) -> bytes:
+    flat = array.reshape(-1)
+    parts: list[bytes] = []
+    pack = struct.Struct("<I").pack
+    for item in flat:
+        parts.append(pack(len(item)))
+        parts.append(item)
+    return b"".join(parts)
+
+
+def array_to_raw(tensor: Tensor) -> bytes | memoryview:
+    if tensor.datatype == "BYTES":
+        return bytes_to_raw(tensor.data)
+    data = np.ascontiguousarray(tensor.data, dtype=NUMPY_DTYPES[tensor.datatype])
+    return memoryview(data).cast("B")
+
+
+# --- tensors in a JSON head --------------------------------------------------
+
+
+def decode_tensors(items: Any, binary: memoryview, where: str, max_elements: int) -> list[Tensor]:
+    """Tensor objects of a request's ``inputs`` or a response's ``outputs``."""
+    if not isinstance(items, list):
+        raise malformed(f"'{where}s' must be a list")
+    tensors: list[Tensor] = []
+    offset = 0
+    for index, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise malformed(f"{where} #{index} must be an object")
+        name = _required(item, "name", str, f"{where} #{index}")
+        label = f"{where} '{name}'"
+        datatype = check_datatype(_required(item, "datatype", str, label), label)
+        shape_list = _required(item, "shape", list, label)
+        count = element_count(shape_list, label, max_elements)
+        shape = tuple(shape_list)
+        parameters = dict(_optional(item, "parameters", dict, label, {}))
+        size = parameters.pop(BINARY_DATA_SIZE, None)
+        if size is not None:
+            if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+                raise malformed(f"{label}: '{BINARY_DATA_SIZE}' must be a non-negative integer")
+            if "data" in item:
+                raise malformed(f"{label}: has both 'data' and '{BINARY_DATA_SIZE}'")
+            if offset + size > len(binary):
+                raise invalid(f"{label}: {BINARY_DATA_SIZE} {size} overruns the binary data "
+                              f"({len(binary) - offset} bytes left)")
+            data = array_from_raw(binary[offset:offset + size], datatype, shape, count, label)
+            offset += size
+        elif "data" in item:
+            data = array_from_json(item["data"], datatype, shape, count, label)
+        else:
+            raise malformed(f"{label}: has neither 'data' nor '{BINARY_DATA_SIZE}'")
+        tensors.append(Tensor(name, datatype, shape, data, parameters))
+    if offset != len(binary):
+        raise invalid(f"{len(binary) - offset} bytes of binary data follow the last binary {where} "
+                      f"(binary_data_size values do not add up to the body)")
+    return tensors
+
+
+def split_body(body: bytes, header_length: str | None) -> tuple[memoryview, memoryview]:
+    """JSON head and binary tail, per ``Inference-Header-Content-Length``."""
+    view = memoryview(body)
+    if header_length is None:
+        return view, view[len(view):]
+    try:
+        length = int(header_length)
+    except ValueError:
+        raise malformed(f"{HEADER_LENGTH} must be an integer, got {header_length[:40]!r}") from None
+    if length < 0 or length > len(view):
+        raise malformed(f"{HEADER_LENGTH} {length} is outside the body of {len(view)} bytes")
+    return view[:length], view[length:]
+
+
+def decode_infer_request(body: bytes, header_length: str | None, model: str, version: str,
+                         max_elements: int) -> InferRequest:
+    head, binary = split_body(body, header_length)
+    obj = load_json_object(head, "the request")
+    request_id = _optional(obj, "id", str, "request", "")
+    parameters = dict(_optional(obj, "parameters", dict, "request", {}))
+    inputs = decode_tensors(_required(obj, "inputs", list, "request"), binary, "input", max_elements)
+    outputs: list[RequestedOutput] = []
+    for index, item in enumerate(_optional(obj, "outputs", list, "request", [])):
+        if not isinstance(item, dict):
+            raise malformed(f"output #{index} must be an object")
+        name = _required(item, "name", str, f"output #{index}")
+        outputs.append(RequestedOutput(name, dict(_optional(item, "parameters", dict, f"output '{name}'", {}))))
+    return InferRequest(model, version, request_id, inputs, outputs, parameters)
+
+
+# --- encoding tensors --------------------------------------------------------
+
+
+def _tensor_head(tensor: Tensor, binary_size: int | None) -> dict[str, Any]:
+    head: dict[str, Any] = {"name": tensor.name, "datatype": tensor.datatype, "shape": list(tensor.shape)}
+    parameters = {k: v for k, v in tensor.parameters.items() if k not in (BINARY_DATA_SIZE, "binary_data")}
+    if binary_size is not None:
+        parameters[BINARY_DATA_SIZE] = binary_size
+    if parameters:
+        head["parameters"] = parameters
+    return head
+
+
+def encode_tensors(tensors: Iterable[Tensor], binary_flags: Iterable[bool]) -> tuple[list[dict[str, Any]], list[Any]]:
+    heads: list[dict[str, Any]] = []
+    chunks: list[Any] = []
+    for tensor, as_binary in zip(tensors, binary_flags):
+        if as_binary:
+            raw = array_to_raw(tensor)
+            head = _tensor_head(tensor, memoryview(raw).nbytes)
+            chunks.append(raw)
+        else:
+            head = _tensor_head(tensor, None)
+            head["data"] = array_to_json(tensor)
+        heads.append(head)
+    return heads, chunks
+
+
+def join_body(head: dict[str, Any], chunks: list[Any]) -> tuple[bytes, dict[str, str]]:
+    """Body and headers: plain JSON, or JSON head + binary tail."""
+    head_bytes = orjson.dumps(head, option=_JSON_OPTIONS)
+    if not chunks:
+        return head_bytes, {"Content-Type": JSON_TYPE}
+    return b"".join([head_bytes, *chunks]), {
+        "Content-Type": BINARY_TYPE,
+        HEADER_LENGTH: str(len(head_bytes)),
+    }
+
+
+def output_binary_flags(response: InferResponse, request: InferRequest) -> list[bool]:
+    """Which outputs go binary: per-output ``binary_data`` wins over the
+    request-level ``binary_data_output``; JSON by default."""
+    default = request.parameters.get("binary_data_output") is True
+    asked = {o.name: o.parameters.get("binary_data") for o in request.outputs}
+    flags = []
+    for tensor in response.outputs:
+        choice = asked.get(tensor.name)
+        flags.append(choice if isinstance(choice, bool) else default)
+    return flags
+
+
+def encode_infer_response(response: InferResponse, request: InferRequest) -> tuple[bytes, dict[str, str]]:
+    heads, chunks = encode_tensors(response.outputs, output_binary_flags(response, request))
+    head: dict[str, Any] = {"model_name": response.model_name, "model_version": response.model_version}
+    if response.id:
+        head["id"] = response.id
+    parameters = {k: v for k, v in response.parameters.items() if k != "binary_data_output"}
+    if parameters:
+        head["parameters"] = parameters
+    head["outputs"] = heads
+    return join_body(head, chunks)
+
+
+def encode_infer_request(request: InferRequest, binary: bool) -> tuple[bytes, dict[str, str]]:
+    """A request for an upstream V2 REST server, JSON or binary inputs."""
+    heads, chunks = encode_tensors(request.inputs, [binary] * len(request.inputs))
+    head: dict[str, Any] = {}
+    if request.id:
+        head["id"] = request.id
+    parameters = dict(request.parameters)
+    parameters.pop("binary_data_output", None)
+    if binary:
+        parameters["binary_data_output"] = True
+    if parameters:
+        head["parameters"] = parameters
+    head["inputs"] = heads
+    if request.outputs:
+        head["outputs"] = [
+            {"name": o.name, "parameters": {**o.parameters, "binary_data": binary}} if binary
+            else ({"name": o.name, "parameters": {k: v for k, v in o.parameters.items() if k != "binary_data"}}
+                  if o.parameters else {"name": o.name})
+            for o in request.outputs
+        ]
+    return join_body(head, chunks)
+
+
+def decode_infer_response(body: bytes, header_length: str | None, max_elements: int) -> InferResponse:
+    head, binary = split_body(body, header_length)
+    obj = load_json_object(head, "the response")
+    outputs = decode_tensors(_required(obj, "outputs", list, "response"), binary, "output", max_elements)
+    return InferResponse(
+        model_name=_optional(obj, "model_name", str, "response", ""),
+        model_version=_optional(obj, "model_version", str, "response", ""),
+        id=_optional(obj, "id", str, "response", ""),
+        outputs=outputs,
+        parameters=dict(_optional(obj, "parameters", dict, "response", {})),
+    )
+
+
+# --- metadata ----------------------------------------------------------------
+
+
+def _spec_json(spec: TensorSpec) -> dict[str, Any]:
+    out: dict[str, Any] = {"name": spec.name, "datatype": spec.datatype, "shape": list(spec.shape)}
+    if spec.parameters:
+        out["parameters"] = dict(spec.parameters)
+    return out
+
+
+def encode_model_metadata(metadata: ModelMetadata) -> bytes:
+    obj: dict[str, Any] = {
+        "name": metadata.name,
+        "versions": list(metadata.versions),
+        "platform": metadata.platform,
+        "inputs": [_spec_json(s) for s in metadata.inputs],
+        "outputs": [_spec_json(s) for s in metadata.outputs],
+    }
+    if metadata.parameters:
+        obj["parameters"] = dict(metadata.parameters)
+    return orjson.dumps(obj)
+
+
+def _spec_from_json(item: Any, where: str) -> TensorSpec:
+    if not isinstance(item, dict):
+        raise malformed(f"{where} must be an object")
+    name = _required(item, "name", str, where)
+    datatype = _required(item, "datatype", str, where)
+    shape = _required(item, "shape", list, where)
+    if not all(isinstance(d, int) and not isinstance(d, bool) and d >= -1 for d in shape):
+        raise malformed(f"{where}: shape must hold integers >= -1")
+    return TensorSpec(name, datatype, tuple(shape), dict(_optional(item, "parameters", dict, where, {})))
+
+
+def decode_model_metadata(body: bytes) -> ModelMetadata:
+    obj = load_json_object(body, "model metadata")
+    versions = _optional(obj, "versions", list, "model metadata", [])
+    return ModelMetadata(
+        name=_required(obj, "name", str, "model metadata"),
+        versions=tuple(str(v) for v in versions),
+        platform=_optional(obj, "platform", str, "model metadata", ""),
+        inputs=tuple(_spec_from_json(x, f"metadata input #{i}")
+                     for i, x in enumerate(_optional(obj, "inputs", list, "model metadata", []))),
+        outputs=tuple(_spec_from_json(x, f"metadata output #{i}")
+                      for i, x in enumerate(_optional(obj, "outputs", list, "model metadata", []))),
+        parameters=dict(_optional(obj, "parameters", dict, "model metadata", {})),
+    )
+
+
+def encode_server_metadata(name: str, version: str, extensions: list[str]) -> bytes:
+    return orjson.dumps({"name": name, "version": version, "extensions": extensions})

@@ -1,0 +1,101 @@
+"""Start and stop the whole gateway: data plane, listeners, admin."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from gateway import __version__
+from gateway.config import GatewayConfig, ServerIdentity
+from gateway.protocols import registry
+from gateway.protocols.base import Frontend
+from gateway.proxy import DataPlane
+from gateway.types import RequestContext
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class GatewayServices:
+    """What listeners and upstream clients share; passed in, never global."""
+
+    config: GatewayConfig
+    identity: ServerIdentity
+
+
+class Gateway:
+    def __init__(self, config: GatewayConfig) -> None:
+        self.config = config
+        version = config.server.version or __version__
+        self.services = GatewayServices(config, ServerIdentity(config.server.name, version))
+        self.dataplane = DataPlane(config, self.services)
+        self.frontends: dict[str, Frontend] = {}
+        self._admin: web.AppRunner | None = None
+        self.admin_port = 0
+        self._stopped = asyncio.Event()
+
+    @property
+    def ports(self) -> dict[str, int]:
+        ports = {name: fe.bound_port for name, fe in self.frontends.items()}
+        if self._admin is not None:
+            ports["admin"] = self.admin_port
+        return ports
+
+    async def start(self) -> None:
+        await self.dataplane.start()
+        for listener in self.config.listeners:
+            frontend_class = registry.load(listener.protocol, "frontend")
+            frontend = frontend_class(listener, self.dataplane, self.services)
+            await frontend.start()
+            self.frontends[listener.name] = frontend
+        if self.config.admin.address is not None:
+            await self._start_admin()
+
+    async def stop(self, grace: float = 5.0) -> None:
+        self.dataplane.draining = True
+        await asyncio.gather(*(fe.stop(grace) for fe in self.frontends.values()))
+        if self._admin is not None:
+            await self._admin.cleanup()
+            self._admin = None
+        await self.dataplane.close()
+        self._stopped.set()
+
+    async def run_until_signalled(self) -> None:
+        loop = asyncio.get_running_loop()
+        stop_requested = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop_requested.set)
+        await stop_requested.wait()
+        log.info("stopping")
+        await self.stop()
+
+    # --- admin listener ---------------------------------------------------
+
+    async def _start_admin(self) -> None:
+        app = web.Application()
+        app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/readyz", self._readyz)
+        app.router.add_get("/routes", self._routes)
+        self._admin = web.AppRunner(app, access_log=None, handle_signals=False)
+        await self._admin.setup()
+        address = self.config.admin.address
+        assert address is not None
+        site = web.TCPSite(self._admin, address.host, address.port, reuse_address=True)
+        await site.start()
+        sockets = getattr(site._server, "sockets", None) or []
+        self.admin_port = sockets[0].getsockname()[1] if sockets else address.port
+        log.info("admin on %s:%d", address.host, self.admin_port)
+
+    async def _healthz(self, request: web.Request) -> web.Response:
+        return web.json_response({"live": True})
+
+    async def _readyz(self, request: web.Request) -> web.Response:
+        ready = await self.dataplane.server_ready(RequestContext("admin", "admin"))
+        return web.json_response({"ready": ready}, status=200 if ready else 503)
+
+    async def _routes(self, request: web.Request) -> web.Response:
+        return web.json_response({"routes": self.dataplane.routes.describe()})

@@ -1,0 +1,186 @@
+"""Canonical, numpy-backed data model shared by every protocol.
+
+Frontends decode their wire format into these types, backends encode them to
+their upstream's wire format. Nothing in the middle of the gateway sees wire
+bytes. Tensor data is always a numpy array whose shape equals the tensor
+shape: numeric types use the matching little-endian dtype, BYTES an object
+array of ``bytes``, BF16 a ``uint16`` array holding the raw bit patterns.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import numpy as np
+
+from gateway.errors import invalid
+
+# V2 datatype name -> numpy dtype (little-endian, as every wire form is).
+NUMPY_DTYPES: Mapping[str, np.dtype[Any]] = {
+    "BOOL": np.dtype(np.bool_),
+    "UINT8": np.dtype("<u1"),
+    "UINT16": np.dtype("<u2"),
+    "UINT32": np.dtype("<u4"),
+    "UINT64": np.dtype("<u8"),
+    "INT8": np.dtype("<i1"),
+    "INT16": np.dtype("<i2"),
+    "INT32": np.dtype("<i4"),
+    "INT64": np.dtype("<i8"),
+    "FP16": np.dtype("<f2"),
+    "FP32": np.dtype("<f4"),
+    "FP64": np.dtype("<f8"),
+    "BF16": np.dtype("<u2"),  # raw bfloat16 bit patterns
+    "BYTES": np.dtype(object),
+}
+DATATYPES = frozenset(NUMPY_DTYPES)
+
+# Fixed byte width per element; BYTES has none.
+ELEMENT_SIZE: Mapping[str, int] = {
+    name: dt.itemsize for name, dt in NUMPY_DTYPES.items() if name != "BYTES"
+}
+
+_DATATYPE_OF_DTYPE: Mapping[np.dtype[Any], str] = {
+    dt.newbyteorder("="): name
+    for name, dt in NUMPY_DTYPES.items()
+    if name not in ("BF16", "BYTES")
+}
+
+
+def datatype_of(array: np.ndarray) -> str:
+    """The V2 datatype name for a numpy array (object/str/bytes -> BYTES)."""
+    if array.dtype.kind in "OSU":
+        return "BYTES"
+    try:
+        return _DATATYPE_OF_DTYPE[array.dtype.newbyteorder("=")]
+    except KeyError:
+        raise invalid(f"numpy dtype {array.dtype} has no V2 datatype") from None
+
+
+def check_datatype(datatype: Any, where: str) -> str:
+    if not isinstance(datatype, str) or datatype not in DATATYPES:
+        raise invalid(f"{where}: unknown datatype {str(datatype)[:40]!r}")
+    return datatype
+
+
+def element_count(shape: Any, where: str, max_elements: int | None = None) -> int:
+    """Validate a declared shape and return its element count.
+
+    Runs before any allocation, on plain Python ints, so absurd shapes are
+    rejected by arithmetic rather than by a MemoryError.
+    """
+    if not isinstance(shape, (list, tuple)):
+        raise invalid(f"{where}: shape must be a list of integers")
+    count = 1
+    for dim in shape:
+        if isinstance(dim, bool) or not isinstance(dim, int):
+            raise invalid(f"{where}: shape must be a list of integers, got {str(dim)[:40]!r}")
+        if dim < 0:
+            raise invalid(f"{where}: shape has a negative dimension {dim}")
+        count *= dim
+    if max_elements is not None and count > max_elements:
+        raise invalid(f"{where}: shape {list(shape)} has {count} elements, over the limit of {max_elements}")
+    return count
+
+
+@dataclass(slots=True)
+class Tensor:
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    data: np.ndarray
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_numpy(cls, name: str, array: np.ndarray, datatype: str | None = None,
+                   parameters: dict[str, Any] | None = None) -> "Tensor":
+        datatype = datatype or datatype_of(array)
+        if datatype == "BYTES" and array.dtype != object:
+            array = _to_bytes_array(array)
+        elif datatype != "BYTES":
+            array = np.ascontiguousarray(array, dtype=NUMPY_DTYPES[datatype])
+        return cls(name, datatype, tuple(int(d) for d in array.shape), array, dict(parameters or {}))
+
+    @property
+    def element_count(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        """Wire size: raw bytes, or for BYTES the 4-byte-prefixed form."""
+        if self.datatype == "BYTES":
+            return sum(4 + len(item) for item in self.data.reshape(-1))
+        return self.element_count * ELEMENT_SIZE[self.datatype]
+
+
+def _to_bytes_array(array: np.ndarray) -> np.ndarray:
+    out = np.empty(array.shape, dtype=object)
+    flat_out = out.reshape(-1)
+    for i, item in enumerate(array.reshape(-1)):
+        flat_out[i] = item.encode() if isinstance(item, str) else bytes(item)
+    return out
+
+
+@dataclass(slots=True)
+class RequestedOutput:
+    name: str
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class InferRequest:
+    model_name: str
+    model_version: str = ""
+    id: str = ""
+    inputs: list[Tensor] = field(default_factory=list)
+    outputs: list[RequestedOutput] = field(default_factory=list)
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class InferResponse:
+    model_name: str
+    model_version: str = ""
+    id: str = ""
+    outputs: list[Tensor] = field(default_factory=list)
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSpec:
+    """A model's declared input or output; -1 marks a variable dimension."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    parameters: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ModelMetadata:
+    name: str
+    versions: tuple[str, ...] = ()
+    platform: str = ""
+    inputs: tuple[TensorSpec, ...] = ()
+    outputs: tuple[TensorSpec, ...] = ()
+    parameters: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class RequestContext:
+    """Transport facts about one request; never sent upstream as data."""
+
+    listener: str
+    protocol: str
+    request_id: str = ""
+    headers: Mapping[str, str] = field(default_factory=dict)
+    # Absolute time.monotonic() by which the answer is due; None = no deadline.
+    deadline: float | None = None
+    started: float = field(default_factory=time.monotonic)
+
+    def remaining(self) -> float | None:
+        if self.deadline is None:
+            return None
+        return self.deadline - time.monotonic()

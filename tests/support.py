@@ -1,0 +1,118 @@
+"""Helpers for tests that run real processes on loopback.
+
+Every process is started by the test, talked to over 127.0.0.1 only, and
+stopped by its process id; every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def wait_for(predicate: Any, timeout: float, what: str, interval: float = 0.05) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
+
+
+def port_open(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(0.2)
+        return sock.connect_ex((host, port)) == 0
+
+
+def free_port() -> int:
+    """A port for peers that cannot bind port 0 and report it themselves."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def stop_process(proc: subprocess.Popen[Any], timeout: float = 10.0) -> int:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+    return proc.returncode
+
+
+class GatewayProcess:
+    """``python -m gateway serve`` in its own process, ports read back from
+    the --port-file it writes once every listener is bound."""
+
+    def __init__(self, config_path: Path, log_path: Path, extra_env: dict[str, str] | None = None) -> None:
+        self.config_path = config_path
+        self.log_path = log_path
+        self.port_file = config_path.with_suffix(".ports.json")
+        self.extra_env = extra_env or {}
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.ports: dict[str, int] = {}
+
+    def start(self, timeout: float = 30.0) -> "GatewayProcess":
+        env = {**os.environ, **self.extra_env}
+        self._log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "gateway", "--log-level", "info", "serve",
+             "--config", str(self.config_path), "--port-file", str(self.port_file)],
+            cwd=REPO, env=env, stdout=self._log, stderr=subprocess.STDOUT)
+
+        def ready() -> bool:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"gateway exited with {self.proc.returncode}:\n{self.log()}")
+            return self.port_file.exists()
+
+        wait_for(ready, timeout, "the gateway to bind its listeners")
+        self.ports = json.loads(self.port_file.read_text())
+        return self
+
+    def url(self, listener: str = "rest") -> str:
+        return f"127.0.0.1:{self.ports[listener]}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> int:
+        code = stop_process(self.proc) if self.proc else 0
+        self._log.close()
+        return code
+
+    def __enter__(self) -> "GatewayProcess":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+
+def write_config(directory: Path, text: str, name: str = "gateway.yaml") -> Path:
+    path = directory / name
+    path.write_text(text)
+    return path
+
+
+BUILTIN_REST_CONFIG = """
+admin: {address: "127.0.0.1:0"}
+listeners:
+  - {name: rest, protocol: v2-rest, address: "127.0.0.1:0"}
+upstreams:
+  - {name: local, protocol: builtin}
+routes:
+  - match: {model: "*"}
+    upstream: local
+"""
