@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import importlib.resources
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import yaml
 
@@ -171,10 +172,10 @@ def _route_match(node: Node, listener_names: set[str]) -> RouteMatch:
         return RouteMatch()
     model = _string_match(node.child("model")) if node.has("model") else StringMatch("glob", "*")
     version = _string_match(node.child("version")) if node.has("version") else None
-    listener = node.str("listener", None)
+    listener = node.string("listener", None)
     if listener is not None and listener not in listener_names:
         node.error(f"names no listener; known: {', '.join(sorted(listener_names))}", "listener")
-    protocol = node.str("protocol", None)
+    protocol = node.string("protocol", None)
     headers: list[tuple[str, StringMatch]] = []
     for name, header_node in node.child("headers", None).entries():
         matcher = _string_match(header_node, allow_present=True)
@@ -187,7 +188,7 @@ def _route_match(node: Node, listener_names: set[str]) -> RouteMatch:
 def _rewrite(node: Node) -> Rewrite:
     if node.value is None:
         return Rewrite()
-    rewrite = Rewrite(node.str("model", None), node.str("version", None))
+    rewrite = Rewrite(node.string("model", None), node.string("version", None))
     node.check_no_unknown_keys()
     return rewrite
 
@@ -204,6 +205,11 @@ def _protocol_options(node: Node, protocol: str | None, side: str) -> Any:
         node.error(f"unknown {side} protocol {protocol!r}; known: {known}", "protocol")
         return None
     return component.parse_options(node)
+
+
+def _names_of(node: Node) -> list[str | None]:
+    items = node.value if isinstance(node.value, list) else []
+    return [x.get("name") if isinstance(x, dict) else None for x in items]
 
 
 def _unique(node: Node, names: list[str | None], what: str) -> None:
@@ -225,12 +231,12 @@ def parse_config(data: Any, source: str = "<string>") -> GatewayConfig:
     limits_node = root.child("limits", {})
     limits = Limits(
         max_request_bytes=limits_node.size("max_request_bytes", DEFAULT_MAX_REQUEST_BYTES),
-        max_tensor_elements=limits_node.int("max_tensor_elements", 1 << 31, minimum=1),
+        max_tensor_elements=limits_node.integer("max_tensor_elements", 1 << 31, minimum=1),
     )
     limits_node.check_no_unknown_keys()
 
     server_node = root.child("server", {})
-    server = ServerIdentity(server_node.str("name", "inference-gateway"), server_node.str("version", ""))
+    server = ServerIdentity(server_node.string("name", "inference-gateway"), server_node.string("version", ""))
     server_node.check_no_unknown_keys()
 
     admin_node = root.child("admin", {})
@@ -241,32 +247,32 @@ def parse_config(data: Any, source: str = "<string>") -> GatewayConfig:
     listeners: list[ListenerConfig] = []
     listeners_node = root.child("listeners")
     for item in listeners_node.items():
-        name, protocol = item.str("name"), item.str("protocol")
+        name, protocol = item.string("name"), item.string("protocol")
         address = parse_address(item.child("address"))
         options = _protocol_options(item, protocol, "frontend")
         item.check_no_unknown_keys()
         if name and protocol and address:
             listeners.append(ListenerConfig(name, protocol, address, options))
-    _unique(listeners_node, [x.get("name") if isinstance(x, dict) else None for x in listeners_node.value or []], "listener")
+    _unique(listeners_node, _names_of(listeners_node), "listener")
 
     upstreams: list[UpstreamConfig] = []
     upstreams_node = root.child("upstreams")
     for item in upstreams_node.items():
-        name, protocol = item.str("name"), item.str("protocol")
+        name, protocol = item.string("name"), item.string("protocol")
         endpoints = tuple(a for a in map(parse_address, item.child("endpoints", []).items()) if a)
         timeout = item.duration("timeout", None)
         options = _protocol_options(item, protocol, "backend")
         item.check_no_unknown_keys()
         if name and protocol:
             upstreams.append(UpstreamConfig(name, protocol, endpoints, timeout, options))
-    _unique(upstreams_node, [x.get("name") if isinstance(x, dict) else None for x in upstreams_node.value or []], "upstream")
+    _unique(upstreams_node, _names_of(upstreams_node), "upstream")
 
     listener_names = {x.name for x in listeners}
     upstream_names = {x.name for x in upstreams}
     routes: list[RouteConfig] = []
     for item in root.child("routes").items():
         match = _route_match(item.child("match", {}), listener_names)
-        upstream = item.str("upstream")
+        upstream = item.string("upstream")
         if upstream is not None and upstream not in upstream_names:
             item.error(f"names no upstream; known: {', '.join(sorted(upstream_names))}", "upstream")
         rewrite = _rewrite(item.child("rewrite", None))

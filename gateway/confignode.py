@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any, Callable, Iterator, TypeVar
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 _MISSING: Any = object()
@@ -69,7 +70,7 @@ class Node:
     def has(self, key: str) -> bool:
         return isinstance(self.value, dict) and key in self.value
 
-    def child(self, key: str, default: Any = _MISSING) -> "Node":
+    def child(self, key: str, default: Any = _MISSING) -> Node:
         self._used.add(key)
         if not isinstance(self.value, dict):
             return Node(default if default is not _MISSING else None, self._join(key), self.problems)
@@ -80,7 +81,7 @@ class Node:
             return Node(default, self._join(key), self.problems)
         return Node(self.value[key], self._join(key), self.problems)
 
-    def items(self) -> Iterator["Node"]:
+    def items(self) -> Iterator[Node]:
         if self.value is None:
             return iter(())
         if not isinstance(self.value, list):
@@ -88,7 +89,7 @@ class Node:
             return iter(())
         return (Node(v, self._join(i), self.problems) for i, v in enumerate(self.value))
 
-    def entries(self) -> Iterator[tuple[str, "Node"]]:
+    def entries(self) -> Iterator[tuple[str, Node]]:
         if self.value is None:
             return iter(())
         if not isinstance(self.value, dict):
@@ -115,20 +116,20 @@ class Node:
             return default if default is not _MISSING else None
         return value
 
-    def str(self, key: str, default: Any = _MISSING) -> Any:
+    def string(self, key: str, default: Any = _MISSING) -> Any:
         return self.get(key, str, default)
 
-    def bool(self, key: str, default: Any = _MISSING) -> Any:
+    def flag(self, key: str, default: Any = _MISSING) -> Any:
         return self.get(key, bool, default)
 
-    def int(self, key: str, default: Any = _MISSING, minimum: int | None = None) -> Any:
+    def integer(self, key: str, default: Any = _MISSING, minimum: int | None = None) -> Any:
         value = self.get(key, int, default)
         if isinstance(value, int) and minimum is not None and value < minimum:
             self.error(f"must be at least {minimum}, got {value}", key)
         return value
 
     def choice(self, key: str, choices: tuple[str, ...], default: Any = _MISSING) -> Any:
-        value = self.str(key, default)
+        value = self.string(key, default)
         if value is not None and value not in choices:
             self.error(f"must be one of {', '.join(choices)}; got {value!r}", key)
             return default if default is not _MISSING else choices[0]
@@ -170,7 +171,7 @@ class Node:
         scale = {"B": 1, None: 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}[match.group(2)]
         return int(match.group(1)) * scale
 
-    def parsed(self, key: str, parse: Callable[["Node"], T], default: Any = _MISSING) -> T:
+    def parsed(self, key: str, parse: Callable[[Node], T], default: Any = _MISSING) -> T:
         return parse(self.child(key, default))
 
     def check_no_unknown_keys(self) -> None:

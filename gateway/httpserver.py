@@ -7,7 +7,8 @@ import logging
 import socket
 import uuid
 import zlib
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from aiohttp import web
 

@@ -11,7 +11,8 @@ import asyncio
 import dataclasses
 import itertools
 import logging
-from typing import Any, Awaitable, Callable, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 from gateway.config import GatewayConfig, UpstreamConfig
 from gateway.errors import ErrorKind, GatewayError, invalid, model_not_found

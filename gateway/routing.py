@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import fnmatch
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Callable, Mapping
 
 from gateway.config import GatewayConfig, RouteConfig, StringMatch
 

@@ -10,11 +10,11 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from gateway import __version__
+from gateway.admin import start_admin
 from gateway.config import GatewayConfig, ServerIdentity
 from gateway.protocols import registry
 from gateway.protocols.base import Frontend
 from gateway.proxy import DataPlane
-from gateway.types import RequestContext
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ class Gateway:
             await frontend.start()
             self.frontends[listener.name] = frontend
         if self.config.admin.address is not None:
-            await self._start_admin()
+            self._admin, self.admin_port = await start_admin(self, self.config.admin.address)
 
     async def stop(self, grace: float = 5.0) -> None:
         self.dataplane.draining = True
@@ -72,30 +72,3 @@ class Gateway:
         await stop_requested.wait()
         log.info("stopping")
         await self.stop()
-
-    # --- admin listener ---------------------------------------------------
-
-    async def _start_admin(self) -> None:
-        app = web.Application()
-        app.router.add_get("/healthz", self._healthz)
-        app.router.add_get("/readyz", self._readyz)
-        app.router.add_get("/routes", self._routes)
-        self._admin = web.AppRunner(app, access_log=None, handle_signals=False)
-        await self._admin.setup()
-        address = self.config.admin.address
-        assert address is not None
-        site = web.TCPSite(self._admin, address.host, address.port, reuse_address=True)
-        await site.start()
-        sockets = getattr(site._server, "sockets", None) or []
-        self.admin_port = sockets[0].getsockname()[1] if sockets else address.port
-        log.info("admin on %s:%d", address.host, self.admin_port)
-
-    async def _healthz(self, request: web.Request) -> web.Response:
-        return web.json_response({"live": True})
-
-    async def _readyz(self, request: web.Request) -> web.Response:
-        ready = await self.dataplane.server_ready(RequestContext("admin", "admin"))
-        return web.json_response({"ready": ready}, status=200 if ready else 503)
-
-    async def _routes(self, request: web.Request) -> web.Response:
-        return web.json_response({"routes": self.dataplane.routes.describe()})

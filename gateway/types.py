@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -95,7 +96,7 @@ class Tensor:
 
     @classmethod
     def from_numpy(cls, name: str, array: np.ndarray, datatype: str | None = None,
-                   parameters: dict[str, Any] | None = None) -> "Tensor":
+                   parameters: dict[str, Any] | None = None) -> Tensor:
         datatype = datatype or datatype_of(array)
         if datatype == "BYTES" and array.dtype != object:
             array = _to_bytes_array(array)

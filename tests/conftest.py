@@ -1,14 +1,14 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from support import BUILTIN_REST_CONFIG, GatewayProcess, write_config  # noqa: E402
+from support import BUILTIN_REST_CONFIG, GatewayProcess, write_config
 
 
 @pytest.fixture(scope="module")

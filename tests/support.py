@@ -65,7 +65,7 @@ class GatewayProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         self.ports: dict[str, int] = {}
 
-    def start(self, timeout: float = 30.0) -> "GatewayProcess":
+    def start(self, timeout: float = 30.0) -> GatewayProcess:
         env = {**os.environ, **self.extra_env}
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
@@ -93,7 +93,7 @@ class GatewayProcess:
         self._log.close()
         return code
 
-    def __enter__(self) -> "GatewayProcess":
+    def __enter__(self) -> GatewayProcess:
         return self.start()
 
     def __exit__(self, *exc: Any) -> None:

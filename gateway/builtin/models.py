@@ -8,7 +8,7 @@ models so Triton's public example clients work against the gateway unchanged.
 from __future__ import annotations
 
 import abc
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -41,18 +41,18 @@ class BuiltinModel(abc.ABC):
                 raise invalid(f"unexpected inference input '{name}' for model '{self.name}'; "
                               f"expected {', '.join(expected)}")
         for spec in self.inputs:
-            tensor = by_name.get(spec.name)
-            if tensor is None:
+            found = by_name.get(spec.name)
+            if found is None:
                 raise invalid(f"model '{self.name}' expects {len(self.inputs)} inputs, "
                               f"input '{spec.name}' is missing")
             if self.any_datatype:
                 continue
-            if tensor.datatype != spec.datatype:
+            if found.datatype != spec.datatype:
                 raise invalid(f"input '{spec.name}' of model '{self.name}' must be {spec.datatype}, "
-                              f"got {tensor.datatype}")
-            if not _shape_fits(tensor.shape, spec.shape):
+                              f"got {found.datatype}")
+            if not _shape_fits(found.shape, spec.shape):
                 raise invalid(f"input '{spec.name}' of model '{self.name}' must have shape "
-                              f"{list(spec.shape)}, got {list(tensor.shape)}")
+                              f"{list(spec.shape)}, got {list(found.shape)}")
         return by_name
 
     @abc.abstractmethod
@@ -60,7 +60,7 @@ class BuiltinModel(abc.ABC):
 
 
 def _shape_fits(shape: tuple[int, ...], declared: tuple[int, ...]) -> bool:
-    return len(shape) == len(declared) and all(d == -1 or d == s for s, d in zip(shape, declared))
+    return len(shape) == len(declared) and all(d == -1 or d == s for s, d in zip(shape, declared, strict=True))
 
 
 class AddSub(BuiltinModel):

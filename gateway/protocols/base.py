@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 class Frontend(abc.ABC):
     """A listener speaking one downstream protocol."""
 
-    def __init__(self, listener: "ListenerConfig", dataplane: "DataPlane", services: "GatewayServices") -> None:
+    def __init__(self, listener: ListenerConfig, dataplane: DataPlane, services: GatewayServices) -> None:
         self.listener = listener
         self.dataplane = dataplane
         self.services = services
@@ -50,7 +50,7 @@ class Frontend(abc.ABC):
 class UpstreamClient(abc.ABC):
     """Speaks an upstream's protocol to one endpoint (or in-process)."""
 
-    def __init__(self, upstream: "UpstreamConfig", endpoint: "Address | None", services: "GatewayServices") -> None:
+    def __init__(self, upstream: UpstreamConfig, endpoint: Address | None, services: GatewayServices) -> None:
         self.upstream = upstream
         self.endpoint = endpoint
         self.services = services
@@ -69,10 +69,10 @@ class UpstreamClient(abc.ABC):
         """How errors and logs name this endpoint."""
         return f"{self.upstream.name}" + (f" ({self.endpoint})" if self.endpoint else "")
 
-    async def start(self) -> None:
+    async def start(self) -> None:  # noqa: B027 - optional hook
         """Open pools or channels; called once before the first request."""
 
-    async def close(self) -> None:
+    async def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections; called once at shutdown or after reload."""
 
     @abc.abstractmethod

@@ -13,7 +13,8 @@ followed by the bytes.
 from __future__ import annotations
 
 import struct
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 import orjson
@@ -251,7 +252,7 @@ def array_to_raw(tensor: Tensor) -> bytes | memoryview:
     if tensor.datatype == "BYTES":
         return bytes_to_raw(tensor.data)
     data = np.ascontiguousarray(tensor.data, dtype=NUMPY_DTYPES[tensor.datatype])
-    return memoryview(data).cast("B")
+    return memoryview(data).cast("B")  # type: ignore[arg-type]
 
 
 # --- tensors in a JSON head --------------------------------------------------
@@ -341,7 +342,7 @@ def _tensor_head(tensor: Tensor, binary_size: int | None) -> dict[str, Any]:
 def encode_tensors(tensors: Iterable[Tensor], binary_flags: Iterable[bool]) -> tuple[list[dict[str, Any]], list[Any]]:
     heads: list[dict[str, Any]] = []
     chunks: list[Any] = []
-    for tensor, as_binary in zip(tensors, binary_flags):
+    for tensor, as_binary in zip(tensors, binary_flags, strict=True):
         if as_binary:
             raw = array_to_raw(tensor)
             head = _tensor_head(tensor, memoryview(raw).nbytes)

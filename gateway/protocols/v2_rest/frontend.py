@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import logging
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from aiohttp import web
 
@@ -38,7 +39,7 @@ async def v2_errors(request: web.Request, handler: Handler) -> web.StreamRespons
                 413: ErrorKind.TOO_LARGE}.get(exc.status, ErrorKind.MALFORMED_REQUEST)
         message = {404: f"no such endpoint: {request.method} {request.path[:200]}",
                    405: f"method {request.method} is not allowed on {request.path[:200]}"}.get(exc.status, exc.reason)
-        status, body = codec.encode_error(GatewayError(kind, message))
+        _, body = codec.encode_error(GatewayError(kind, message))
         return web.Response(status=exc.status, body=body, content_type=codec.JSON_TYPE)
     except Exception:
         log.exception("unhandled error on %s %s", request.method, request.path)

@@ -1,0 +1,52 @@
+"""The admin listener: liveness, readiness, route table (loopback by default)."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+
+from gateway.config import Address
+from gateway.types import RequestContext
+
+if TYPE_CHECKING:
+    from gateway.server import Gateway
+
+log = logging.getLogger(__name__)
+GATEWAY = web.AppKey("gateway", object)
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.json_response({"live": True})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    gateway = request.app[GATEWAY]
+    ready = await gateway.dataplane.server_ready(RequestContext("admin", "admin"))  # type: ignore[attr-defined]
+    return web.json_response({"ready": ready}, status=200 if ready else 503)
+
+
+async def routes(request: web.Request) -> web.Response:
+    gateway = request.app[GATEWAY]
+    return web.json_response({"routes": gateway.dataplane.routes.describe()})  # type: ignore[attr-defined]
+
+
+def build_admin_app(gateway: Gateway) -> web.Application:
+    app = web.Application()
+    app[GATEWAY] = gateway
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/routes", routes)
+    return app
+
+
+async def start_admin(gateway: Gateway, address: Address) -> tuple[web.AppRunner, int]:
+    runner = web.AppRunner(build_admin_app(gateway), access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, address.host, address.port, reuse_address=True)
+    await site.start()
+    sockets = getattr(site._server, "sockets", None) or []
+    port = sockets[0].getsockname()[1] if sockets else address.port
+    log.info("admin on %s:%d", address.host, port)
+    return runner, port
