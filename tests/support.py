@@ -116,3 +116,30 @@ routes:
   - match: {model: "*"}
     upstream: local
 """
+
+
+def parse_yaml_config(text: str) -> Any:
+    import yaml
+
+    from gateway.config import parse_config
+
+    return parse_config(yaml.safe_load(text), "<test>")
+
+
+class InProcessGateway:
+    """The gateway on port 0 inside the test's event loop (async tests)."""
+
+    def __init__(self, config_text: str) -> None:
+        from gateway.server import Gateway
+
+        self.gateway = Gateway(parse_yaml_config(config_text))
+
+    async def __aenter__(self) -> "InProcessGateway":
+        await self.gateway.start()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.gateway.stop(0)
+
+    def url(self, listener: str = "rest") -> str:
+        return f"http://127.0.0.1:{self.gateway.ports[listener]}"

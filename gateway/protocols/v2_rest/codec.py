@@ -179,6 +179,10 @@ def array_from_json(data: Any, datatype: str, shape: tuple[int, ...], count: int
         if kind not in "fiu":
             raise invalid(f"{where}: {datatype} data must be numbers")
     else:
+        if kind == "f" and datatype == "UINT64":
+            # numpy infers float64 for ints above int64's range: redo exactly
+            parsed = _uint64_from_json(data, shape, where)
+            kind = parsed.dtype.kind
         if kind not in _INT_KINDS:
             raise invalid(f"{where}: {datatype} data must be integers")
         limits = np.iinfo(NUMPY_DTYPES[datatype])
@@ -187,6 +191,17 @@ def array_from_json(data: Any, datatype: str, shape: tuple[int, ...], count: int
     if datatype == "BF16":
         return float_to_bf16(parsed.astype(np.float64)).reshape(shape)
     return parsed.astype(NUMPY_DTYPES[datatype], copy=False).reshape(shape)
+
+
+def _uint64_from_json(data: list[Any], shape: tuple[int, ...], where: str) -> np.ndarray:
+    flat: list[Any] = []
+    _flatten(data, flat)
+    if not all(type(item) is int for item in flat):
+        raise invalid(f"{where}: UINT64 data must be integers")
+    try:
+        return np.array(flat, dtype=np.uint64)
+    except OverflowError:
+        raise invalid(f"{where}: a value is out of range for UINT64") from None
 
 
 def array_to_json(tensor: Tensor) -> Any:
