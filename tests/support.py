@@ -134,7 +134,7 @@ class InProcessGateway:
 
         self.gateway = Gateway(parse_yaml_config(config_text))
 
-    async def __aenter__(self) -> "InProcessGateway":
+    async def __aenter__(self) -> InProcessGateway:
         await self.gateway.start()
         return self
 
