@@ -7,8 +7,10 @@ GraphStorm's envelope; the outcome is its ``status_code``.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,6 +61,24 @@ class RouteOptions:
 def route_options(options: Any) -> RouteOptions:
     found = options.get(PROTOCOL) if hasattr(options, "get") else None
     return found if isinstance(found, RouteOptions) else RouteOptions()
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector while a payload becomes objects.
+
+    Parsing a large payload creates hundreds of thousands of containers and
+    triggers full collections that find nothing (measured: JSON parsing of a
+    6 MB payload takes 2-3 times longer). The section is synchronous, so
+    nothing else runs on this thread meanwhile.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def json_response(body: bytes, status_code: int = 200) -> web.Response:
@@ -122,7 +142,8 @@ class GraphStormFrontend(HttpFrontend):
                 body = await read_body(request, self.max_body)
             except GatewayError as exc:  # too large, bad Content-Encoding: a request format error
                 raise GraphStormError(status.JSON_FORMAT, exc.kind, exc.message) from None
-            payload = codec.parse_json(body)
+            with gc_paused():
+                payload = codec.parse_json(body)
             uid = codec.request_uid(body)
             answer = await self._invoke(request, body, payload, uid, ctx)
         except GatewayError as error:
@@ -138,7 +159,8 @@ class GraphStormFrontend(HttpFrontend):
         except GatewayError as exc:
             raise status.internal(exc.message) from None
         options = route_options(route.config.options)
-        invocation = codec.decode_invocation(payload, options.schema, options.tasks)
+        with gc_paused():
+            invocation = codec.decode_invocation(payload, options.schema, options.tasks)
         infer_request = InferRequest(
             model, "", uid, invocation.graph.to_tensors(),
             parameters={TASK_PARAMETER: invocation.task, CONTRACT_PARAMETER: CONTRACT},

@@ -190,14 +190,18 @@ class _GraphReader:
             if type(edge) is not dict:
                 raise construction(f"graph.edges[{position}] must be an object")
             edge_type = edge.get("edge_type", _MISSING)
-            relation = _relation(edge_type)
-            if relation is None:
-                if edge_type is _MISSING:
-                    raise construction(f"graph.edges[{position}] has no 'edge_type'")
-                raise construction(f"graph.edges[{position}].edge_type must be a list of three strings "
-                                   "[source node type, relation, destination node type]")
-            members = groups.get(relation)
+            try:
+                # A tuple equal to a known key is a valid relation: check new keys only.
+                members = groups.get(tuple(edge_type)) if type(edge_type) is list else None
+            except TypeError:  # unhashable parts
+                members = None
             if members is None:
+                relation = _relation(edge_type)
+                if relation is None:
+                    if edge_type is _MISSING:
+                        raise construction(f"graph.edges[{position}] has no 'edge_type'")
+                    raise construction(f"graph.edges[{position}].edge_type must be a list of three strings "
+                                       "[source node type, relation, destination node type]")
                 if known is not None and relation not in known:
                     raise construction(f"edge type {list(relation)} is not in the model's graph schema")
                 members = groups[relation] = []
@@ -261,10 +265,10 @@ class _GraphReader:
             return {}
         if len(given) != len(members):
             raise construction(f"some {label} have 'features' and others do not")
-        if any(type(features) is not dict for features in given):
+        if set(map(type, given)) != {dict}:
             raise construction(f"the 'features' of {label} must be objects")
         names = given[0].keys()
-        if any(features.keys() != names for features in given):
+        if not all(map(names.__eq__, map(dict.keys, given))):
             raise construction(f"{label} do not all have the same feature names")
         if specs is None:
             specs = tuple(FeatureSpec(name, _AUTO) for name in names)
@@ -323,7 +327,7 @@ def _column(values: list[Any], spec: FeatureSpec, where: str) -> np.ndarray:
 
 
 def _kind_name(array: np.ndarray) -> str:
-    return {"b": "booleans", "O": "mixed or nested values"}.get(array.dtype.kind, str(array.dtype))
+    return {"b": "booleans", "O": "mixed or nested values", "U": "strings"}.get(array.dtype.kind, str(array.dtype))
 
 
 # --- the reverse: tensors -> a payload, results -> tensors ---------------------------
