@@ -14,7 +14,7 @@ import pytest
 from graphstorm_payloads import DATA, MOVIELENS_SCHEMA, changed, large_movielens, load, movielens, uid
 
 from gateway.builtin.gnn import GnnModel, GnnSettings
-from gateway.config import parse_config
+from gateway.config import load_config, parse_config
 from gateway.confignode import ConfigError
 from gateway.errors import ErrorKind, GatewayError
 from gateway.protocols.graphstorm import codec, status
@@ -464,6 +464,15 @@ def test_bad_schemas_are_config_errors(tmp_path: Path, schema: Any, fragment: st
         parse_config(config_with({"graphstorm": {"graph_schema": path}}), base_dir=tmp_path)
     assert any(fragment in problem for problem in caught.value.problems), caught.value.problems
     assert all(problem.startswith("routes[0].options.graphstorm") for problem in caught.value.problems)
+
+
+def test_the_default_config_serves_graphstorm_on_8080_with_the_movielens_schema() -> None:
+    config = load_config(None)
+    listener = next(x for x in config.listeners if x.protocol == "graphstorm")
+    assert listener.address.port == 8080
+    route = next(r for r in config.routes if r.match.listener == listener.name)
+    schema = route_options(route.options).schema
+    assert schema is not None and schema.node_types == ("user", "movie")
 
 
 def test_unknown_route_option_keys_are_errors() -> None:

@@ -69,17 +69,20 @@ class GnnModel(BuiltinModel):
                                    {CONTRACT_PARAMETER: CONTRACT}),)
 
     def compute(self, inputs: dict[str, Tensor]) -> list[Tensor]:
-        raise NotImplementedError  # the task comes from request parameters: see infer
+        return self.predict(list(inputs.values()), NODE_TASKS[0])
 
     def infer(self, request: InferRequest) -> list[Tensor]:
-        task = request.parameters.get(TASK_PARAMETER, NODE_TASKS[0])
+        # The task is a request parameter (gml_task); node classification by default.
+        return self.predict(request.inputs, request.parameters.get(TASK_PARAMETER, NODE_TASKS[0]))
+
+    def predict(self, inputs: list[Tensor], task: object) -> list[Tensor]:
         if task not in NODE_TASKS + EDGE_TASKS:
             raise invalid(f"parameter '{TASK_PARAMETER}' must be one of {', '.join(NODE_TASKS + EDGE_TASKS)}")
-        graph = GraphTensors.from_tensors(request.inputs)
+        graph = GraphTensors.from_tensors(inputs)
         edge_task = task in EDGE_TASKS
         if (graph.edge_targets if not edge_task else graph.node_targets):
             raise invalid(f"task {task} takes {'edge' if edge_task else 'node'} targets only")
-        width = 1 if task.endswith("regression") else self.settings.num_classes
+        width = 1 if str(task).endswith("regression") else self.settings.num_classes
         hidden = self._propagate(graph, {t: self._embed(graph, t) for t in graph.node_ids})
         outputs: list[Tensor] = []
         for node_type, positions in graph.node_targets.items():
