@@ -31,7 +31,7 @@ from gateway.protocols.graphstorm.graph import (
 )
 from gateway.protocols.graphstorm.schema import GraphSchema, load_schema
 from gateway.protocols.graphstorm.status import GraphStormError
-from gateway.types import InferRequest, RawPayload
+from gateway.types import InferRequest, RawPayload, RequestContext
 
 log = logging.getLogger(__name__)
 PROTOCOL = "graphstorm"
@@ -148,11 +148,15 @@ class GraphStormFrontend(HttpFrontend):
             answer = await self._invoke(request, body, payload, uid, ctx)
         except GatewayError as error:
             answer = codec.encode_error(error, uid)
+        except Exception:  # a gateway bug: still GraphStorm's form, with the request's uid
+            log.exception("unhandled error on a GraphStorm invocation (request_uid %s)", uid)
+            answer = codec.encode_error(status.internal("unexpected gateway error"), uid)
         reply = json_response(answer)
         reply.headers[REQUEST_ID_HEADER] = ctx.request_id
         return reply
 
-    async def _invoke(self, request: web.Request, body: bytes, payload: Any, uid: str, ctx: Any) -> bytes:
+    async def _invoke(self, request: web.Request, body: bytes, payload: Any, uid: str,
+                      ctx: RequestContext) -> bytes:
         model = request.headers.get(codec.TARGET_MODEL_HEADER) or self.options.model
         try:
             route = self.dataplane.resolve(model, "", ctx)
