@@ -404,6 +404,16 @@ def test_gnn_is_deterministic_and_uses_neighbours() -> None:
     assert not np.allclose(other_seed["prediction/movie"], first["prediction/movie"])
 
 
+def test_gnn_refuses_features_too_wide_for_its_weights() -> None:
+    wide = changed(movielens(), lambda p: node(p, "a1")["features"].update(feat=[0.0] * 5000))
+    with pytest.raises(GatewayError, match="at most 4096") as caught:
+        GnnModel(GnnSettings()).infer(InferRequest("gnn", inputs=decode(wide, schema=None).graph.to_tensors()))
+    assert caught.value.kind is ErrorKind.INVALID_INPUT
+    with pytest.raises(ConfigError, match="hidden: must be at most 1024"):
+        parse_config({**config_with({}), "upstreams": [{"name": "local", "protocol": "builtin",
+                                                        "gnn": {"hidden": 100000}}]})
+
+
 def test_gnn_classes_regression_and_edges() -> None:
     assert gnn_outputs(movielens(), GnnSettings(num_classes=5))["prediction/movie"].shape == (2, 5)
     regression = gnn_outputs(movielens(), task="node_regression")

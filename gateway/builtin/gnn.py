@@ -33,6 +33,9 @@ from gateway.protocols.graphstorm.graph import (
 from gateway.types import InferRequest, Tensor, TensorSpec
 
 TEXT_EMBEDDING = 16  # bytes of sha256 used per string
+# Weights are generated per request from the feature width: bound it so a
+# payload cannot make the model allocate gigabytes of weights.
+MAX_FEATURE_WIDTH = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +50,9 @@ def parse_gnn_settings(node: Node) -> GnnSettings:
         return GnnSettings()
     settings = GnnSettings(node.integer("num_classes", 2, minimum=2), node.integer("hidden", 16, minimum=1),
                            node.integer("seed", 0, minimum=0))
+    for key, most in (("num_classes", 10000), ("hidden", 1024)):
+        if isinstance(getattr(settings, key), int) and getattr(settings, key) > most:
+            node.error(f"must be at most {most}", key)
     node.check_no_unknown_keys()
     return settings
 
@@ -107,6 +113,9 @@ class GnnModel(BuiltinModel):
         total = np.broadcast_to(self._weight(hidden, "bias", node_type, rows=1), (count, hidden))
         for name, values in graph.node_features.get(node_type, {}).items():
             matrix = _text_embedding(values) if values.dtype == object else values.reshape(count, -1)
+            if matrix.shape[1] > MAX_FEATURE_WIDTH:
+                raise invalid(f"feature '{name}' of node type '{node_type}' has {matrix.shape[1]} values per node; "
+                              f"the builtin gnn takes at most {MAX_FEATURE_WIDTH}")
             total = total + matrix @ self._weight(self.settings.hidden, "feature", node_type, name,
                                                   rows=matrix.shape[1])
         return np.tanh(total).astype(np.float32)
