@@ -207,6 +207,21 @@ def _protocol_options(node: Node, protocol: str | None, side: str) -> Any:
     return component.parse_options(node)
 
 
+def _route_options(node: Node, base_dir: Path) -> dict[str, Any]:
+    """A route's ``options``: keys naming a frontend protocol are parsed by
+    that frontend (``parse_route_options``), other keys are kept as given."""
+    from gateway.protocols import registry
+
+    options: dict[str, Any] = {}
+    frontends = set(registry.names("frontend"))
+    for key, child in node.entries():
+        if key in frontends:
+            options[key] = registry.load(key, "frontend").parse_route_options(child, base_dir)
+        else:
+            options[key] = child.value
+    return options
+
+
 def _names_of(node: Node) -> list[str | None]:
     items = node.value if isinstance(node.value, list) else []
     return [x.get("name") if isinstance(x, dict) else None for x in items]
@@ -222,7 +237,10 @@ def _unique(node: Node, names: list[str | None], what: str) -> None:
         seen.add(name)
 
 
-def parse_config(data: Any, source: str = "<string>") -> GatewayConfig:
+def parse_config(data: Any, source: str = "<string>", base_dir: Path | None = None) -> GatewayConfig:
+    """``base_dir``: where relative file paths in the config are resolved
+    (the config file's folder; the current directory when None)."""
+    base_dir = base_dir if base_dir is not None else Path.cwd()
     problems: list[str] = []
     root = Node(_expand_tree(data, "", problems), "", problems)
     if not root.is_mapping:
@@ -277,7 +295,7 @@ def parse_config(data: Any, source: str = "<string>") -> GatewayConfig:
             item.error(f"names no upstream; known: {', '.join(sorted(upstream_names))}", "upstream")
         rewrite = _rewrite(item.child("rewrite", None))
         timeout = item.duration("timeout", None)
-        options = item.get("options", dict, {})
+        options = _route_options(item.child("options", {}), base_dir)
         item.check_no_unknown_keys()
         if upstream:
             routes.append(RouteConfig(match, upstream, rewrite, timeout, options))
@@ -291,18 +309,21 @@ def parse_config(data: Any, source: str = "<string>") -> GatewayConfig:
 def load_config(path: str | Path | None = None) -> GatewayConfig:
     """Load a YAML file, or the embedded default when ``path`` is None."""
     if path is None:
-        text = importlib.resources.files("gateway").joinpath(DEFAULT_CONFIG_RESOURCE).read_text()
+        package = importlib.resources.files("gateway")
+        text = package.joinpath(DEFAULT_CONFIG_RESOURCE).read_text()
         source = "<embedded default>"
+        base_dir = Path(str(package))  # the embedded config names package files
     else:
         try:
             text = Path(path).read_text()
         except OSError as exc:
             raise ConfigError([f"<file>: cannot read {path}: {exc.strerror}"]) from None
         source = str(path)
+        base_dir = Path(path).resolve().parent
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "<file>"
         raise ConfigError([f"{where}: invalid YAML: {getattr(exc, 'problem', exc)}"]) from None
-    return parse_config(data, source)
+    return parse_config(data, source, base_dir)

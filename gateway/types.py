@@ -130,6 +130,20 @@ class RequestedOutput:
     parameters: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, slots=True)
+class RawPayload:
+    """A request or response body exactly as one protocol put it on the wire.
+
+    Lets a same-protocol hop forward bytes unchanged (a fast path that also
+    preserves anything derived from the bytes, such as GraphStorm's
+    ``request_uid``); adapters of other protocols ignore it.
+    """
+
+    protocol: str
+    body: bytes
+    content_type: str = "application/json"
+
+
 @dataclass(slots=True)
 class InferRequest:
     model_name: str
@@ -138,6 +152,7 @@ class InferRequest:
     inputs: list[Tensor] = field(default_factory=list)
     outputs: list[RequestedOutput] = field(default_factory=list)
     parameters: dict[str, Any] = field(default_factory=dict)
+    raw: RawPayload | None = None  # the client's own bytes, for same-protocol hops
 
 
 @dataclass(slots=True)
@@ -147,6 +162,7 @@ class InferResponse:
     id: str = ""
     outputs: list[Tensor] = field(default_factory=list)
     parameters: dict[str, Any] = field(default_factory=dict)
+    raw: RawPayload | None = None  # the upstream's own bytes, for same-protocol hops
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
+from gateway.builtin.gnn import GnnSettings, parse_gnn_settings
 from gateway.builtin.models import MODEL_VERSION, BuiltinModel, default_models
 from gateway.confignode import Node
 from gateway.errors import model_not_found
 from gateway.protocols.base import UpstreamClient
 from gateway.types import InferRequest, InferResponse, ModelMetadata, RequestContext
+
+
+@dataclass(frozen=True, slots=True)
+class BuiltinOptions:
+    models: tuple[str, ...]
+    gnn: GnnSettings = field(default_factory=GnnSettings)
 
 
 class BuiltinClient(UpstreamClient):
@@ -23,12 +31,15 @@ class BuiltinClient(UpstreamClient):
         for i, name in enumerate(names):
             if name not in known:
                 node.error(f"unknown builtin model {name!r}; known: {', '.join(known)}", f"models[{i}]")
-        return names
+        return BuiltinOptions(names, parse_gnn_settings(node.child("gnn", None)))
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
-        enabled = self.upstream.options or ()
-        self.models = {name: model for name, model in default_models().items() if name in enabled}
+        options = self.upstream.options
+        if not isinstance(options, BuiltinOptions):
+            options = BuiltinOptions(tuple(options or ()))
+        self.models = {name: model for name, model in default_models(options.gnn).items()
+                       if name in options.models}
 
     def _model(self, name: str, version: str) -> BuiltinModel:
         model = self.models.get(name)
@@ -38,7 +49,7 @@ class BuiltinClient(UpstreamClient):
 
     async def infer(self, request: InferRequest, ctx: RequestContext) -> InferResponse:
         model = self._model(request.model_name, request.model_version)
-        outputs = model.compute(model.check_inputs(request.inputs))
+        outputs = model.infer(request)
         return InferResponse(model.name, MODEL_VERSION, request.id, outputs)
 
     async def model_metadata(self, model: str, version: str, ctx: RequestContext) -> ModelMetadata:

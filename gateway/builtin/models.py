@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from gateway.errors import invalid
-from gateway.types import ModelMetadata, Tensor, TensorSpec
+from gateway.types import InferRequest, ModelMetadata, Tensor, TensorSpec
+
+if TYPE_CHECKING:
+    from gateway.builtin.gnn import GnnSettings
 
 MODEL_VERSION = "1"
 PLATFORM = "gateway_builtin"
@@ -57,6 +61,10 @@ class BuiltinModel(abc.ABC):
 
     @abc.abstractmethod
     def compute(self, inputs: dict[str, Tensor]) -> list[Tensor]: ...
+
+    def infer(self, request: InferRequest) -> list[Tensor]:
+        """Outputs for a request; models that read request parameters override it."""
+        return self.compute(self.check_inputs(request.inputs))
 
 
 def _shape_fits(shape: tuple[int, ...], declared: tuple[int, ...]) -> bool:
@@ -117,11 +125,14 @@ class Identity(BuiltinModel):
         return [Tensor("OUTPUT0", source.datatype, source.shape, source.data)]
 
 
-def default_models() -> dict[str, BuiltinModel]:
+def default_models(gnn: GnnSettings | None = None) -> dict[str, BuiltinModel]:
+    from gateway.builtin.gnn import GnnModel, GnnSettings
+
     factories: list[Callable[[], BuiltinModel]] = [
         lambda: AddSub("simple", "INT32"),
         lambda: AddSub("simple_string", "BYTES"),
         Identity,
+        lambda: GnnModel(gnn or GnnSettings()),
     ]
     models = [make() for make in factories]
     return {model.name: model for model in models}

@@ -9,6 +9,7 @@ upstream cluster in that upstream's protocol.
 from __future__ import annotations
 
 import abc
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gateway.confignode import Node
@@ -33,6 +34,12 @@ class Frontend(abc.ABC):
     def parse_options(cls, node: Node) -> Any:
         """Read this protocol's own listener keys from ``node``."""
         return None
+
+    @classmethod
+    def parse_route_options(cls, node: Node, base_dir: Path) -> Any:
+        """Read a route's ``options.<protocol>`` block; relative paths in it
+        resolve against ``base_dir`` (the config file's folder)."""
+        return node.value
 
     @property
     @abc.abstractmethod

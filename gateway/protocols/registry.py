@@ -12,9 +12,11 @@ from typing import Any
 # protocol name -> "module:Class" for each side it offers.
 FRONTENDS: dict[str, str] = {
     "v2-rest": "gateway.protocols.v2_rest.frontend:V2RestFrontend",
+    "graphstorm": "gateway.protocols.graphstorm.frontend:GraphStormFrontend",
 }
 BACKENDS: dict[str, str] = {
     "builtin": "gateway.builtin.backend:BuiltinClient",
+    "graphstorm": "gateway.protocols.graphstorm.backend:GraphStormClient",
 }
 
 

@@ -1,0 +1,138 @@
+"""The ``graphstorm`` upstream: a GraphStorm real-time endpoint (SageMaker
+container contract, ``POST /invocations``, ``GET /ping``).
+
+Requests that came from a GraphStorm client carry their original bytes
+(:class:`~gateway.types.RawPayload`); those are forwarded unchanged and the
+endpoint's answer comes back unchanged, so ``request_uid`` and every
+``status_code`` are the endpoint's own. Requests from other protocols carry
+the graph as tensors (see ``graph.py``); they are encoded as a payload and
+the results decoded back into ``prediction/...`` tensors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import aiohttp
+
+from gateway.confignode import Node
+from gateway.errors import ErrorKind, GatewayError, invalid
+from gateway.httpserver import REQUEST_ID_HEADER
+from gateway.protocols.base import UpstreamClient
+from gateway.protocols.graphstorm import codec
+from gateway.protocols.graphstorm.graph import (
+    CONTRACT,
+    CONTRACT_PARAMETER,
+    EDGE_TASKS,
+    NODE_TASKS,
+    TASK_PARAMETER,
+    GraphTensors,
+)
+from gateway.types import InferRequest, InferResponse, ModelMetadata, RawPayload, RequestContext
+
+PROTOCOL = "graphstorm"
+PLATFORM = "graphstorm_realtime"
+
+
+@dataclass(frozen=True, slots=True)
+class BackendOptions:
+    invocations_path: str = "/invocations"
+    ping_path: str = "/ping"
+
+
+class GraphStormClient(UpstreamClient):
+    _session: aiohttp.ClientSession | None = None
+
+    @classmethod
+    def parse_options(cls, node: Node) -> BackendOptions:
+        options = BackendOptions(node.string("invocations_path", "/invocations"), node.string("ping_path", "/ping"))
+        for key in ("invocations_path", "ping_path"):
+            if not getattr(options, key).startswith("/"):
+                node.error("must start with '/'", key)
+        return options
+
+    @property
+    def options(self) -> BackendOptions:
+        options = self.upstream.options
+        return options if isinstance(options, BackendOptions) else BackendOptions()
+
+    def _url(self, path: str) -> str:
+        return f"http://{self.endpoint}{path}"
+
+    async def start(self) -> None:
+        # Deadlines come from the data plane (route/upstream timeout).
+        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None))
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def infer(self, request: InferRequest, ctx: RequestContext) -> InferResponse:
+        raw = request.raw if request.raw is not None and request.raw.protocol == PROTOCOL else None
+        graph: GraphTensors | None = None
+        if raw is not None:
+            body = raw.body
+        else:
+            graph = GraphTensors.from_tensors(request.inputs)
+            task = request.parameters.get(TASK_PARAMETER, NODE_TASKS[0])
+            if task not in NODE_TASKS + EDGE_TASKS:
+                raise invalid(f"parameter '{TASK_PARAMETER}' must be one of {', '.join(NODE_TASKS + EDGE_TASKS)}")
+            body = codec.encode_request(graph, task)
+        headers = {"Content-Type": codec.JSON_TYPE, "Accept": codec.JSON_TYPE}
+        if ctx.request_id:
+            headers[REQUEST_ID_HEADER] = ctx.request_id
+        if codec.TARGET_MODEL_HEADER.lower() in ctx.headers:
+            headers[codec.TARGET_MODEL_HEADER] = request.model_name
+        answer = await self._exchange("POST", self.options.invocations_path, body, headers)
+        envelope = codec.decode_envelope(answer, self.label)
+        if graph is None:
+            return InferResponse(request.model_name, request.model_version, request.id,
+                                 raw=RawPayload(PROTOCOL, answer, codec.JSON_TYPE))
+        if envelope["status_code"] != 200:
+            raise codec.upstream_error(envelope, self.label)
+        outputs = codec.decode_predictions(envelope, graph, self.label)
+        return InferResponse(request.model_name, request.model_version, request.id, outputs)
+
+    async def _exchange(self, method: str, path: str, body: bytes | None = None,
+                        headers: dict[str, str] | None = None) -> bytes:
+        if self._session is None:
+            raise GatewayError(ErrorKind.UPSTREAM_UNAVAILABLE, f"upstream {self.label} is not started")
+        limit = self.services.config.limits.max_request_bytes
+        try:
+            async with self._session.request(method, self._url(path), data=body, headers=headers) as reply:
+                if reply.content_length is not None and reply.content_length > limit:
+                    raise _too_large(self.label, limit)
+                answer = await reply.content.read(limit + 1)
+                if len(answer) > limit:
+                    raise _too_large(self.label, limit)
+                if reply.status != 200:
+                    kind = ErrorKind.UPSTREAM_UNAVAILABLE if reply.status in (502, 503, 504) \
+                        else ErrorKind.UPSTREAM_BAD_RESPONSE
+                    raise GatewayError(kind, f"upstream {self.label} answered HTTP {reply.status} on {path}")
+                return answer
+        except (aiohttp.ClientError, OSError) as exc:
+            raise GatewayError(ErrorKind.UPSTREAM_UNAVAILABLE,
+                               f"upstream {self.label} is unreachable: {type(exc).__name__}") from None
+
+    async def _ping(self) -> bool:
+        try:
+            await self._exchange("GET", self.options.ping_path)
+        except GatewayError:
+            return False
+        return True
+
+    async def model_metadata(self, model: str, version: str, ctx: RequestContext) -> ModelMetadata:
+        # A GraphStorm endpoint describes nothing; its inputs are the graph
+        # tensor contract, named by the parameter.
+        return ModelMetadata(model, (), PLATFORM, parameters={CONTRACT_PARAMETER: CONTRACT})
+
+    async def model_ready(self, model: str, version: str, ctx: RequestContext) -> bool:
+        return await self._ping()
+
+    async def server_ready(self, ctx: RequestContext) -> bool:
+        return await self._ping()
+
+
+def _too_large(label: str, limit: int) -> GatewayError:
+    return GatewayError(ErrorKind.UPSTREAM_BAD_RESPONSE, f"upstream {label} answered more than {limit} bytes")

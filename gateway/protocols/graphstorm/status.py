@@ -1,0 +1,118 @@
+"""GraphStorm's ``status_code`` values and the gateway's errors that carry them.
+
+A GraphStorm endpoint answers HTTP 200 and puts the outcome in the body's
+``status_code``. Validation raises :class:`GraphStormError` with the exact
+code GraphStorm uses; any other :class:`GatewayError` is encoded through
+:data:`STATUS_OF_KIND`. The leading phrases of the messages follow
+GraphStorm's categories so logs read alike.
+"""
+
+from __future__ import annotations
+
+from gateway.errors import ErrorKind, GatewayError
+
+OK = 200
+JSON_FORMAT = 400  # wrong content type, invalid JSON, malformed target
+MISSING_FIELD = 401  # targets missing or empty
+TARGET_TYPE = 403  # a target's node type is not in the graph
+NOT_FOUND = 404  # a target's node id is not in the graph, or a model feature is absent
+CONSTRUCTION = 411  # the graph cannot be built (structure, types, features)
+TASK_MISMATCH = 421  # gml_task not served by this endpoint
+INTERNAL = 500  # anything failing after validation (inference, upstream)
+
+# Every kind has a code (a test checks). Failures after validation are
+# reported as 500 by the frontend whatever their kind (GraphStorm reports
+# any inference failure so); this table serves failures before inference.
+STATUS_OF_KIND: dict[ErrorKind, int] = {
+    ErrorKind.MALFORMED_REQUEST: JSON_FORMAT,
+    ErrorKind.INVALID_INPUT: CONSTRUCTION,
+    ErrorKind.MODEL_NOT_FOUND: INTERNAL,  # a gateway configuration problem, not the client's
+    ErrorKind.UNSUPPORTED: TASK_MISMATCH,
+    ErrorKind.UNAUTHENTICATED: JSON_FORMAT,
+    ErrorKind.TOO_LARGE: JSON_FORMAT,
+    ErrorKind.OVERLOADED: INTERNAL,
+    ErrorKind.NOT_READY: INTERNAL,
+    ErrorKind.UPSTREAM_UNAVAILABLE: INTERNAL,
+    ErrorKind.UPSTREAM_TIMEOUT: INTERNAL,
+    ErrorKind.UPSTREAM_BAD_RESPONSE: INTERNAL,
+    ErrorKind.INTERNAL: INTERNAL,
+}
+
+# An upstream GraphStorm endpoint's code as a kind, for other frontends.
+KIND_OF_STATUS: dict[int, ErrorKind] = {
+    JSON_FORMAT: ErrorKind.MALFORMED_REQUEST,
+    MISSING_FIELD: ErrorKind.MALFORMED_REQUEST,
+    402: ErrorKind.MALFORMED_REQUEST,  # "missing data in field": defined, never emitted
+    TARGET_TYPE: ErrorKind.INVALID_INPUT,
+    NOT_FOUND: ErrorKind.INVALID_INPUT,
+    CONSTRUCTION: ErrorKind.INVALID_INPUT,
+    TASK_MISMATCH: ErrorKind.UNSUPPORTED,
+}
+
+
+class GraphStormError(GatewayError):
+    """A failure with GraphStorm's own ``status_code``."""
+
+    def __init__(self, status_code: int, kind: ErrorKind, message: str) -> None:
+        super().__init__(kind, message)
+        self.status_code = status_code
+
+
+def status_code_of(error: GatewayError) -> int:
+    if isinstance(error, GraphStormError):
+        return error.status_code
+    return STATUS_OF_KIND[error.kind]
+
+
+def json_format(detail: str) -> GraphStormError:
+    return GraphStormError(JSON_FORMAT, ErrorKind.MALFORMED_REQUEST,
+                           f"General JSON format error: the input payload has a JSON format error. Details: {detail}")
+
+
+def missing_field(name: str) -> GraphStormError:
+    return GraphStormError(MISSING_FIELD, ErrorKind.MALFORMED_REQUEST,
+                           f"Missing Required Field: the input payload misses the '{name}' field (or it is empty). "
+                           "See the GraphStorm real-time inference payload specification.")
+
+
+def target_type_absent(node_type: str) -> GraphStormError:
+    return GraphStormError(TARGET_TYPE, ErrorKind.INVALID_INPUT,
+                           f"Mismatched target node type: the target node type {shown(node_type)} does not exist "
+                           "in the payload graph.")
+
+
+def target_id_absent(node_id: object) -> GraphStormError:
+    return GraphStormError(NOT_FOUND, ErrorKind.INVALID_INPUT,
+                           f"Mismatched target node IDs: the target node ID {shown(node_id)} does not exist "
+                           "in the payload graph.")
+
+
+def feature_absent(entity: str, type_name: object, feature: str) -> GraphStormError:
+    return GraphStormError(NOT_FOUND, ErrorKind.INVALID_INPUT,
+                           f"Missing {entity} feature: the {shown(type_name)} {entity}s do not contain the "
+                           f"feature {shown(feature)} the model requires.")
+
+
+def construction(detail: str) -> GraphStormError:
+    return GraphStormError(CONSTRUCTION, ErrorKind.INVALID_INPUT,
+                           "Graph Construction Failure: failed to construct a graph from the payload. "
+                           f"Details: {detail}")
+
+
+def task_mismatch(task: object, supported: tuple[str, ...]) -> GraphStormError:
+    return GraphStormError(TASK_MISMATCH, ErrorKind.UNSUPPORTED,
+                           f"Task Mismatch: the payload's task mismatches the endpoint model. Details: this endpoint "
+                           f"serves {', '.join(supported)}, but the payload asks for {shown(task)}.")
+
+
+def internal(detail: str) -> GraphStormError:
+    return GraphStormError(INTERNAL, ErrorKind.INTERNAL,
+                           "Internal Server Error: please contact your endpoint administrators about this error. "
+                           f"Details: {detail}")
+
+
+def shown(value: object, limit: int = 80) -> str:
+    """A short, quoted rendering of a client value for messages (never the
+    whole payload)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
