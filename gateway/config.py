@@ -207,6 +207,20 @@ def _protocol_options(node: Node, protocol: str | None, side: str) -> Any:
     return component.parse_options(node)
 
 
+def _route_options(route: Node, options: dict[str, Any]) -> dict[str, Any]:
+    """A route's options, with each protocol's own section (``options.umbridge``)
+    parsed by that protocol, so `gateway check` reports its problems too."""
+    from gateway.protocols import registry
+
+    node = route.child("options", {})
+    parsed = dict(options)
+    for key in options:
+        parser = registry.route_options_parser(str(key))
+        if parser is not None:
+            parsed[key] = parser(node.child(str(key)))
+    return parsed
+
+
 def _names_of(node: Node) -> list[str | None]:
     items = node.value if isinstance(node.value, list) else []
     return [x.get("name") if isinstance(x, dict) else None for x in items]
@@ -277,7 +291,7 @@ def parse_config(data: Any, source: str = "<string>") -> GatewayConfig:
             item.error(f"names no upstream; known: {', '.join(sorted(upstream_names))}", "upstream")
         rewrite = _rewrite(item.child("rewrite", None))
         timeout = item.duration("timeout", None)
-        options = item.get("options", dict, {})
+        options = _route_options(item, item.get("options", dict, {}))
         item.check_no_unknown_keys()
         if upstream:
             routes.append(RouteConfig(match, upstream, rewrite, timeout, options))

@@ -12,9 +12,15 @@ from typing import Any
 # protocol name -> "module:Class" for each side it offers.
 FRONTENDS: dict[str, str] = {
     "v2-rest": "gateway.protocols.v2_rest.frontend:V2RestFrontend",
+    "umbridge": "gateway.protocols.umbridge.frontend:UmbridgeFrontend",
 }
 BACKENDS: dict[str, str] = {
     "builtin": "gateway.builtin.backend:BuiltinClient",
+    "umbridge": "gateway.protocols.umbridge.backend:UmbridgeClient",
+}
+# options key -> "module:function" parsing that section of a route's options.
+ROUTE_OPTIONS: dict[str, str] = {
+    "umbridge": "gateway.protocols.umbridge.options:parse_route_options",
 }
 
 
@@ -28,6 +34,15 @@ def _table(side: str) -> dict[str, str]:
 
 def names(side: str) -> list[str]:
     return sorted(_table(side))
+
+
+def route_options_parser(key: str) -> Any:
+    """The parser of a route's ``options.<key>`` section, or None."""
+    target = ROUTE_OPTIONS.get(key)
+    if target is None:
+        return None
+    module_name, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module_name), attr)
 
 
 def load(protocol: str, side: str) -> Any:
