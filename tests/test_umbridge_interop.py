@@ -203,7 +203,7 @@ BAD_CALLS = [
      400, "InvalidInput", "'inWrt2' is 3"),
     ("ApplyHessian", {**FORWARD_POINT, "outWrt": 0, "inWrt1": 0, "inWrt2": 0, "sens": [1, 1, 1], "vec": [1]},
      400, "InvalidInput", "'vec' has length 1 but input 0 has size 2"),
-    ("NoSuchEndpoint", {"name": "forward"}, 404, "UnsupportedFeature", "no such UM-Bridge endpoint"),
+    ("NoSuchEndpoint", {"name": "forward"}, 404, "UnsupportedFeature", "no such endpoint: POST /NoSuchEndpoint"),
 ]
 
 

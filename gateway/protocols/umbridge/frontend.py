@@ -17,7 +17,7 @@ from aiohttp import web
 
 from gateway.confignode import Node
 from gateway.errors import ErrorKind, GatewayError
-from gateway.httpserver import REQUEST_ID_HEADER, HttpFrontend, read_body, request_context
+from gateway.httpserver import REQUEST_ID_HEADER, HttpFrontend, error_middleware, read_body, request_context
 from gateway.protocols.umbridge import codec
 from gateway.protocols.umbridge.bridge import Bridge
 from gateway.protocols.umbridge.cache import TtlCache
@@ -45,24 +45,10 @@ def error_response(error: GatewayError, status: int | None = None) -> web.Respon
     return json_response(body, status or default_status)
 
 
-@web.middleware
-async def umbridge_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Every failure leaves as UM-Bridge error JSON, never as a text page."""
-    try:
-        return await handler(request)
-    except GatewayError as error:
-        return error_response(error)
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise
-        kind = ErrorKind.TOO_LARGE if exc.status == 413 else (
-            ErrorKind.UNSUPPORTED if exc.status in (404, 405) else ErrorKind.MALFORMED_REQUEST)
-        message = {404: f"no such UM-Bridge endpoint: {request.method} {request.path[:200]}",
-                   405: f"method {request.method} is not allowed on {request.path[:200]}"}.get(exc.status, exc.reason)
-        return error_response(GatewayError(kind, message), exc.status)
-    except Exception:
-        log.exception("unhandled error on %s %s", request.method, request.path)
-        return error_response(GatewayError(ErrorKind.INTERNAL, "internal error"))
+# Every failure leaves as UM-Bridge error JSON, never as a text page.
+umbridge_errors = error_middleware(
+    error_response,
+    {404: ErrorKind.UNSUPPORTED, 405: ErrorKind.UNSUPPORTED, 413: ErrorKind.TOO_LARGE})
 
 
 class UmbridgeFrontend(HttpFrontend):
