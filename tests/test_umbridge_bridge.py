@@ -260,6 +260,13 @@ async def test_fd_configured_step_is_used(dataplane: DataPlane) -> None:
     assert np.abs(coarse - exact).max() > 10 * np.abs(fine - exact).max()
 
 
+async def test_fd_step_too_small_for_fp32_is_a_clear_error(dataplane: DataPlane) -> None:
+    bridge = await _trig_bridge(dataplane, FiniteDifferences(step=1e-9))
+    with pytest.raises(GatewayError, match="step 1e-09 vanishes") as info:
+        await bridge.derivative(list(POINTS[0]), Derivative("Gradient", 0, 0, sens=np.ones(2)))
+    assert info.value.kind == ErrorKind.INVALID_INPUT
+
+
 async def test_fd_unbatched_model_one_request_per_row(dataplane: DataPlane, calls: list[InferRequest]) -> None:
     """``forward`` without its native derivatives: a V2 model lacking a batch dimension."""
     metadata = await dataplane.model_metadata("forward", "", ctx())

@@ -9,7 +9,7 @@ offered through ``call_extension``.
 
 from __future__ import annotations
 
-import logging
+import asyncio
 import re
 from typing import Any
 
@@ -35,7 +35,6 @@ from gateway.types import (
     Tensor,
 )
 
-log = logging.getLogger(__name__)
 PLATFORM = "umbridge"
 _INPUT_NAME = re.compile(r"^input_(0|[1-9][0-9]{0,5})$")
 _CHUNK = 1 << 16
@@ -126,10 +125,11 @@ class UmbridgeClient(UpstreamClient):
             if name not in await self._models():
                 raise model_not_found(name)
             body = codec.encode_request(name, config)
-            support = codec.decode_support(await self._call("POST", "/ModelInfo", body), self.label)
-            inputs = codec.decode_sizes(await self._call("POST", "/InputSizes", body), "inputSizes", self.label)
-            outputs = codec.decode_sizes(await self._call("POST", "/OutputSizes", body), "outputSizes", self.label)
-            return umbridge_metadata(name, inputs, outputs, support, PLATFORM)
+            info, inputs, outputs = await asyncio.gather(*(self._call("POST", path, body) for path in (
+                "/ModelInfo", "/InputSizes", "/OutputSizes")))
+            return umbridge_metadata(name, codec.decode_sizes(inputs, "inputSizes", self.label),
+                                     codec.decode_sizes(outputs, "outputSizes", self.label),
+                                     codec.decode_support(info, self.label), PLATFORM)
 
         return await self._described.get((name, codec.config_text(config)), load)
 

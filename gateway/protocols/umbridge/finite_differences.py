@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 import numpy as np
 
+from gateway.errors import invalid
 from gateway.types import Derivative
 
 Rows = list[list[np.ndarray]]
@@ -58,6 +59,9 @@ async def gradient(evaluate: Evaluate, round_trip: RoundTrip, inputs: Sequence[n
         minus = _shifted(inputs, {d.in_wrt: -e}, round_trip)
         taken[j] = plus[d.in_wrt][j] - minus[d.in_wrt][j]
         rows += [plus, minus]
+    if not taken.all():
+        raise invalid(f"the finite-difference step {step:g} vanishes in the input's datatype at this point; "
+                      "configure a larger options.umbridge.finite_differences.step")
     outputs = await evaluate(rows)
     jacobian = np.stack([(outputs[2 * j][d.out_wrt] - outputs[2 * j + 1][d.out_wrt]) / taken[j]
                          for j in range(x.size)], axis=1)
