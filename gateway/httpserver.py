@@ -7,7 +7,7 @@ import logging
 import socket
 import uuid
 import zlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from aiohttp import web
@@ -63,6 +63,35 @@ async def read_body(request: web.Request, limit: int) -> bytes:
     if encoding in ("gzip", "deflate"):
         body = decompress(body, encoding, limit)
     return body
+
+
+def error_middleware(respond: Callable[[GatewayError, int | None], web.StreamResponse],
+                     http_kinds: Mapping[int, ErrorKind]) -> Any:
+    """Middleware that answers every failure as ``respond(error, status)``:
+    a GatewayError with its kind's status (``status`` None), aiohttp's HTTP
+    errors (unknown path, wrong method, ...) with their own status and the
+    kind ``http_kinds`` gives, anything else as INTERNAL. Never a text page."""
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                         ) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except GatewayError as error:
+            return respond(error, None)
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            kind = http_kinds.get(exc.status, ErrorKind.MALFORMED_REQUEST)
+            message = {404: f"no such endpoint: {request.method} {request.path[:200]}",
+                       405: f"method {request.method} is not allowed on {request.path[:200]}"}.get(
+                exc.status, exc.reason)
+            return respond(GatewayError(kind, message), exc.status)
+        except Exception:
+            log.exception("unhandled error on %s %s", request.method, request.path)
+            return respond(GatewayError(ErrorKind.INTERNAL, "internal error"), None)
+
+    return middleware
 
 
 def request_context(request: web.Request, listener: str, protocol: str) -> RequestContext:

@@ -19,7 +19,7 @@ from gateway.errors import ErrorKind, GatewayError, invalid, model_not_found
 from gateway.protocols import registry
 from gateway.protocols.base import UpstreamClient
 from gateway.routing import Route, RouteTable
-from gateway.types import InferRequest, InferResponse, ModelMetadata, RequestContext
+from gateway.types import ExtensionRequest, InferRequest, InferResponse, ModelMetadata, RequestContext
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -144,6 +144,16 @@ class DataPlane:
             names += [n for n in listed if n not in names and route.matches(
                 n, "", ctx.listener, ctx.protocol, ctx.headers)]
         return names
+
+    async def call_extension(self, operation: str, request: InferRequest, ctx: RequestContext,
+                             arguments: Any = None) -> Any:
+        """An operation beyond infer (e.g. ``DERIVATIVE_OPERATION``), routed and
+        rewritten exactly like infer; the upstream client's ``call_extension``
+        answers it or raises UNSUPPORTED."""
+        route = self.resolve(request.model_name, request.model_version, ctx)
+        model, version = self._target(route, request.model_name, request.model_version)
+        routed = ExtensionRequest(dataclasses.replace(request, model_name=model, model_version=version), arguments)
+        return await self._call(route, ctx, lambda c: c.call_extension(operation, routed, ctx))
 
 
 def select_outputs(response: InferResponse, request: InferRequest, model: str) -> list[Any]:

@@ -201,3 +201,44 @@ class RequestContext:
         if self.deadline is None:
             return None
         return self.deadline - time.monotonic()
+
+
+# --- operations beyond infer ---------------------------------------------------
+
+# Operation names for UpstreamClient.call_extension (via DataPlane.call_extension).
+# An upstream that does not offer one raises UNSUPPORTED (the base class does).
+DERIVATIVE_OPERATION = "derivative"  # arguments: Derivative -> 1-D float64 ndarray
+# Metadata for the request's parameters (UM-Bridge sizes may depend on
+# `config`); arguments: None -> ModelMetadata. Without it, model_metadata().
+METADATA_OPERATION = "metadata_for_parameters"
+
+DERIVATIVE_KINDS = ("Gradient", "ApplyJacobian", "ApplyHessian")
+
+
+@dataclass(frozen=True, slots=True)
+class Derivative:
+    """A derivative of a model at the point given by a request's inputs.
+
+    Inputs and outputs are numbered in request order, each taken as one flat
+    vector. With J the Jacobian of output ``out_wrt`` by input ``in_wrt``:
+    Gradient = Jᵀ·sens, ApplyJacobian = J·vec, ApplyHessian = (Σₖ sensₖ ·
+    ∂²outₖ / ∂in_wrt ∂in_wrt2)·vec. ``sens`` has the size of output
+    ``out_wrt``; ``vec`` the size of input ``in_wrt`` (ApplyJacobian) or
+    ``in_wrt2`` (ApplyHessian).
+    """
+
+    kind: str  # one of DERIVATIVE_KINDS
+    out_wrt: int
+    in_wrt: int
+    in_wrt2: int = 0
+    sens: np.ndarray | None = None
+    vec: np.ndarray | None = None
+
+
+@dataclass(slots=True)
+class ExtensionRequest:
+    """What an upstream's call_extension receives: the routed request (model
+    name and version already rewritten) and the operation's own arguments."""
+
+    request: InferRequest
+    arguments: Any = None

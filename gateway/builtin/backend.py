@@ -10,7 +10,15 @@ from gateway.builtin.models import MODEL_VERSION, BuiltinModel, default_models
 from gateway.confignode import Node
 from gateway.errors import model_not_found
 from gateway.protocols.base import UpstreamClient
-from gateway.types import InferRequest, InferResponse, ModelMetadata, RequestContext
+from gateway.types import (
+    DERIVATIVE_OPERATION,
+    Derivative,
+    ExtensionRequest,
+    InferRequest,
+    InferResponse,
+    ModelMetadata,
+    RequestContext,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,3 +72,11 @@ class BuiltinClient(UpstreamClient):
 
     async def list_models(self, ctx: RequestContext) -> list[str]:
         return list(self.models)
+
+    async def call_extension(self, operation: str, request: Any, ctx: RequestContext) -> Any:
+        if (operation == DERIVATIVE_OPERATION and isinstance(request, ExtensionRequest)
+                and isinstance(request.arguments, Derivative)):
+            inner = request.request
+            model = self._model(inner.model_name, inner.model_version)
+            return model.derivative(model.check_inputs(inner.inputs), inner.parameters, request.arguments)
+        return await super().call_extension(operation, request, ctx)

@@ -8,13 +8,14 @@ models so Triton's public example clients work against the gateway unchanged.
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from gateway.errors import invalid
-from gateway.types import InferRequest, ModelMetadata, Tensor, TensorSpec
+from gateway.errors import invalid, unsupported
+from gateway.protocols.umbridge.codec import CONFIG_PARAMETER, SUPPORT_PARAMETER, config_from_text
+from gateway.types import Derivative, InferRequest, ModelMetadata, Tensor, TensorSpec
 
 if TYPE_CHECKING:
     from gateway.builtin.gnn import GnnSettings
@@ -63,8 +64,15 @@ class BuiltinModel(abc.ABC):
     def compute(self, inputs: dict[str, Tensor]) -> list[Tensor]: ...
 
     def infer(self, request: InferRequest) -> list[Tensor]:
-        """Outputs for a request; models that read request parameters override it."""
-        return self.compute(self.check_inputs(request.inputs))
+        """Outputs for a request; models that need the whole request override it."""
+        return self.run(self.check_inputs(request.inputs), request.parameters)
+
+    def run(self, inputs: dict[str, Tensor], parameters: Mapping[str, Any]) -> list[Tensor]:
+        """compute() for models that read request parameters too."""
+        return self.compute(inputs)
+
+    def derivative(self, inputs: dict[str, Tensor], parameters: Mapping[str, Any], d: Derivative) -> np.ndarray:
+        raise unsupported(f"model '{self.name}' offers no derivatives")
 
 
 def _shape_fits(shape: tuple[int, ...], declared: tuple[int, ...]) -> bool:
@@ -125,6 +133,74 @@ class Identity(BuiltinModel):
         return [Tensor("OUTPUT0", source.datatype, source.shape, source.data)]
 
 
+class Forward(BuiltinModel):
+    """The UM-Bridge demo: x = input_0 (2 values), y = input_1 (1 value) ->
+    output_0 = scale·[x0 + x1, x0·y0, x1²], with ``scale`` from the UM-Bridge
+    config (default 1). Offers every derivative, computed exactly."""
+
+    name = "forward"
+    inputs = (TensorSpec("input_0", "FP64", (2,)), TensorSpec("input_1", "FP64", (1,)))
+    outputs = (TensorSpec("output_0", "FP64", (3,)),)
+    _SLICES = (slice(0, 2), slice(2, 3))  # positions of input_0 and input_1 in z = [x0, x1, y0]
+
+    def metadata(self) -> ModelMetadata:
+        support = {SUPPORT_PARAMETER: "Evaluate,Gradient,ApplyJacobian,ApplyHessian"}
+        return ModelMetadata(self.name, (MODEL_VERSION,), PLATFORM, self.inputs, self.outputs, support)
+
+    @staticmethod
+    def _scale(parameters: Mapping[str, Any]) -> float:
+        scale = config_from_text(parameters.get(CONFIG_PARAMETER)).get("scale", 1.0)
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+            raise invalid("config 'scale' of model 'forward' must be a number")
+        return float(scale)
+
+    def compute(self, inputs: dict[str, Tensor]) -> list[Tensor]:
+        return self.run(inputs, {})
+
+    def run(self, inputs: dict[str, Tensor], parameters: Mapping[str, Any]) -> list[Tensor]:
+        x, y = inputs["input_0"].data, inputs["input_1"].data
+        out = self._scale(parameters) * np.array([x[0] + x[1], x[0] * y[0], x[1] ** 2])
+        return [Tensor.from_numpy("output_0", out, "FP64")]
+
+    def derivative(self, inputs: dict[str, Tensor], parameters: Mapping[str, Any], d: Derivative) -> np.ndarray:
+        x, y = inputs["input_0"].data, inputs["input_1"].data
+        scale = self._scale(parameters)
+        jacobians = (scale * np.array([[1.0, 1.0], [y[0], 0.0], [0.0, 2 * x[1]]]),
+                     scale * np.array([[0.0], [x[0]], [0.0]]))
+        if d.out_wrt != 0 or not (0 <= d.in_wrt < 2 and 0 <= d.in_wrt2 < 2):
+            raise invalid("model 'forward' has inputs 0 and 1 and output 0")
+        if d.kind == "Gradient" and d.sens is not None:
+            return jacobians[d.in_wrt].T @ d.sens
+        if d.kind == "ApplyJacobian" and d.vec is not None:
+            return jacobians[d.in_wrt] @ d.vec
+        if d.kind == "ApplyHessian" and d.sens is not None and d.vec is not None:
+            second = np.zeros((3, 3, 3))  # ∂²output_k / ∂z_i ∂z_j
+            second[1, 0, 2] = second[1, 2, 0] = 1.0
+            second[2, 1, 1] = 2.0
+            weighted = scale * np.tensordot(d.sens, second, axes=1)
+            return weighted[self._SLICES[d.in_wrt], self._SLICES[d.in_wrt2]] @ d.vec
+        raise invalid(f"{d.kind} of model 'forward' is missing sens or vec")
+
+
+class Trig(BuiltinModel):
+    """A batched FP32 model with known derivatives, for bridging tests:
+    x [-1, 2], y [-1, 1] -> f [-1, 2] = [sin(x0)·y0, x0·x1²],
+    g [-1, 1] = [exp(x1 / 2) + y0²], computed in float32."""
+
+    name = "trig"
+    inputs = (TensorSpec("x", "FP32", (-1, 2)), TensorSpec("y", "FP32", (-1, 1)))
+    outputs = (TensorSpec("f", "FP32", (-1, 2)), TensorSpec("g", "FP32", (-1, 1)))
+
+    def compute(self, inputs: dict[str, Tensor]) -> list[Tensor]:
+        x, y = inputs["x"].data, inputs["y"].data
+        if x.shape[0] != y.shape[0]:
+            raise invalid(f"x and y of model 'trig' must have the same batch size, got {x.shape[0]} and {y.shape[0]}")
+        x0, x1, y0 = x[:, 0], x[:, 1], y[:, 0]
+        f = np.stack([np.sin(x0) * y0, x0 * x1 * x1], axis=1)
+        g = (np.exp(x1 / np.float32(2)) + y0 * y0).reshape(-1, 1)
+        return [Tensor.from_numpy("f", f, "FP32"), Tensor.from_numpy("g", g, "FP32")]
+
+
 def default_models(gnn: GnnSettings | None = None) -> dict[str, BuiltinModel]:
     from gateway.builtin.gnn import GnnModel, GnnSettings
 
@@ -132,6 +208,8 @@ def default_models(gnn: GnnSettings | None = None) -> dict[str, BuiltinModel]:
         lambda: AddSub("simple", "INT32"),
         lambda: AddSub("simple_string", "BYTES"),
         Identity,
+        Forward,
+        Trig,
         lambda: GnnModel(gnn or GnnSettings()),
     ]
     models = [make() for make in factories]

@@ -13,10 +13,12 @@ from typing import Any
 FRONTENDS: dict[str, str] = {
     "v2-rest": "gateway.protocols.v2_rest.frontend:V2RestFrontend",
     "graphstorm": "gateway.protocols.graphstorm.frontend:GraphStormFrontend",
+    "umbridge": "gateway.protocols.umbridge.frontend:UmbridgeFrontend",
 }
 BACKENDS: dict[str, str] = {
     "builtin": "gateway.builtin.backend:BuiltinClient",
     "graphstorm": "gateway.protocols.graphstorm.backend:GraphStormClient",
+    "umbridge": "gateway.protocols.umbridge.backend:UmbridgeClient",
 }
 
 

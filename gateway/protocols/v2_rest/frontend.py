@@ -2,48 +2,29 @@
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
 
 from gateway.errors import ErrorKind, GatewayError
-from gateway.httpserver import REQUEST_ID_HEADER, HttpFrontend, read_body, request_context
+from gateway.httpserver import REQUEST_ID_HEADER, HttpFrontend, error_middleware, read_body, request_context
 from gateway.protocols.v2_rest import codec
 
-log = logging.getLogger(__name__)
 PROTOCOL = "v2-rest"
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 # Extensions this listener really serves (server metadata must not lie).
 EXTENSIONS = ["binary_tensor_data"]
 
 
-def error_response(error: GatewayError) -> web.Response:
-    status, body = codec.encode_error(error)
-    return web.Response(status=status, body=body, content_type=codec.JSON_TYPE)
+def error_response(error: GatewayError, status: int | None = None) -> web.Response:
+    default_status, body = codec.encode_error(error)
+    return web.Response(status=status or default_status, body=body, content_type=codec.JSON_TYPE)
 
 
-@web.middleware
-async def v2_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Every failure leaves in the V2 error form, never aiohttp's text pages."""
-    try:
-        return await handler(request)
-    except GatewayError as error:
-        return error_response(error)
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise
-        kind = {404: ErrorKind.MODEL_NOT_FOUND, 405: ErrorKind.UNSUPPORTED,
-                413: ErrorKind.TOO_LARGE}.get(exc.status, ErrorKind.MALFORMED_REQUEST)
-        message = {404: f"no such endpoint: {request.method} {request.path[:200]}",
-                   405: f"method {request.method} is not allowed on {request.path[:200]}"}.get(exc.status, exc.reason)
-        _, body = codec.encode_error(GatewayError(kind, message))
-        return web.Response(status=exc.status, body=body, content_type=codec.JSON_TYPE)
-    except Exception:
-        log.exception("unhandled error on %s %s", request.method, request.path)
-        return error_response(GatewayError(ErrorKind.INTERNAL, "internal error"))
+# Every failure leaves in the V2 error form, never aiohttp's text pages.
+v2_errors = error_middleware(
+    error_response,
+    {404: ErrorKind.MODEL_NOT_FOUND, 405: ErrorKind.UNSUPPORTED, 413: ErrorKind.TOO_LARGE})
 
 
 class V2RestFrontend(HttpFrontend):

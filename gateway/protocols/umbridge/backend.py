@@ -1,0 +1,203 @@
+"""The ``umbridge`` upstream: one endpoint of a UM-Bridge 1.0 server.
+
+Its models appear to the rest of the gateway as V2 models with one FP64
+vector tensor per UM-Bridge input and output (``input_0``, ...,
+``output_0``, ...); the UM-Bridge ``config`` travels as the request parameter
+``umbridge_config`` (JSON text). Derivatives and config-dependent sizes are
+offered through ``call_extension``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from typing import Any
+
+import aiohttp
+import numpy as np
+
+from gateway.confignode import Node
+from gateway.errors import ErrorKind, GatewayError, invalid, model_not_found, unsupported
+from gateway.protocols.base import UpstreamClient
+from gateway.protocols.umbridge import codec
+from gateway.protocols.umbridge.cache import TtlCache
+from gateway.protocols.umbridge.mapping import umbridge_metadata
+from gateway.protocols.umbridge.options import UpstreamOptions, parse_upstream_options
+from gateway.types import (
+    DERIVATIVE_OPERATION,
+    METADATA_OPERATION,
+    Derivative,
+    ExtensionRequest,
+    InferRequest,
+    InferResponse,
+    ModelMetadata,
+    RequestContext,
+    Tensor,
+)
+
+PLATFORM = "umbridge"
+_INPUT_NAME = re.compile(r"^input_(0|[1-9][0-9]{0,5})$")
+_CHUNK = 1 << 16
+
+
+class UmbridgeClient(UpstreamClient):
+    @classmethod
+    def parse_options(cls, node: Node) -> UpstreamOptions:
+        return parse_upstream_options(node)
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.options: UpstreamOptions = self.upstream.options or UpstreamOptions()
+        self.base_url = f"http://{self.endpoint}"
+        self._session: aiohttp.ClientSession | None = None
+        self._info: TtlCache[list[str]] = TtlCache(self.options.metadata_ttl)
+        self._described: TtlCache[ModelMetadata] = TtlCache(self.options.metadata_ttl)
+
+    async def start(self) -> None:
+        # force_close: a fresh connection per call unless keepalive is on
+        # (the C++ reference server stalls ~40 ms on reused connections).
+        connector = aiohttp.TCPConnector(force_close=not self.options.keepalive, limit=0)
+        self._session = aiohttp.ClientSession(connector=connector, auto_decompress=True,
+                                              skip_auto_headers=("User-Agent",))
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    # --- HTTP ------------------------------------------------------------------
+
+    async def _read(self, response: aiohttp.ClientResponse) -> bytes:
+        limit = self.services.config.limits.max_request_bytes
+        if response.content_length is not None and response.content_length > limit:
+            raise GatewayError(ErrorKind.UPSTREAM_BAD_RESPONSE,
+                               f"upstream {self.label} answered {response.content_length} bytes, over {limit}")
+        data = bytearray()
+        async for chunk in response.content.iter_chunked(_CHUNK):
+            data += chunk
+            if len(data) > limit:
+                raise GatewayError(ErrorKind.UPSTREAM_BAD_RESPONSE,
+                                   f"upstream {self.label} answered more than {limit} bytes")
+        return bytes(data)
+
+    async def _exchange(self, method: str, path: str, body: bytes | None) -> tuple[int, bytes]:
+        if self._session is None:
+            await self.start()
+        assert self._session is not None
+        headers = {"Content-Type": codec.JSON_TYPE} if body is not None else None
+        for attempt in range(2):
+            try:
+                async with self._session.request(method, self.base_url + path, data=body, headers=headers) as resp:
+                    return resp.status, await self._read(resp)
+            except aiohttp.ServerDisconnectedError:
+                # A kept-alive connection the server had just closed: try once more on a new one.
+                if not self.options.keepalive or attempt:
+                    raise GatewayError(ErrorKind.UPSTREAM_UNAVAILABLE,
+                                       f"upstream {self.label} closed the connection") from None
+            except (aiohttp.ClientError, OSError) as exc:
+                raise GatewayError(ErrorKind.UPSTREAM_UNAVAILABLE,
+                                   f"upstream {self.label} is unreachable: {type(exc).__name__}") from None
+        raise AssertionError("unreachable")
+
+    async def _call(self, method: str, path: str, body: bytes | None = None) -> dict[str, Any]:
+        status, raw = await self._exchange(method, path, body)
+        try:
+            obj = codec.decode_answer(raw, self.label)
+        except GatewayError:
+            if status != 200:  # e.g. the Python reference server's text 500 page
+                raise codec.decode_error(status, None, self.label) from None
+            raise
+        if status != 200 or "error" in obj:  # the reference client trusts only the body
+            raise codec.decode_error(status, obj, self.label)
+        return obj
+
+    # --- models ------------------------------------------------------------------
+
+    async def _models(self) -> list[str]:
+        async def load() -> list[str]:
+            return codec.decode_info(await self._call("GET", "/Info"), self.label)
+
+        return await self._info.get("info", load)
+
+    async def _describe(self, name: str, config: dict[str, Any]) -> ModelMetadata:
+        """Support and sizes of a model for a config, as V2 metadata."""
+        async def load() -> ModelMetadata:
+            if name not in await self._models():
+                raise model_not_found(name)
+            body = codec.encode_request(name, config)
+            info, inputs, outputs = await asyncio.gather(*(self._call("POST", path, body) for path in (
+                "/ModelInfo", "/InputSizes", "/OutputSizes")))
+            return umbridge_metadata(name, codec.decode_sizes(inputs, "inputSizes", self.label),
+                                     codec.decode_sizes(outputs, "outputSizes", self.label),
+                                     codec.decode_support(info, self.label), PLATFORM)
+
+        return await self._described.get((name, codec.config_text(config)), load)
+
+    @staticmethod
+    def _check_version(model: str, version: str) -> None:
+        if version:  # UM-Bridge models have no versions
+            raise model_not_found(model, version)
+
+    async def model_metadata(self, model: str, version: str, ctx: RequestContext) -> ModelMetadata:
+        self._check_version(model, version)
+        return await self._describe(model, {})
+
+    async def model_ready(self, model: str, version: str, ctx: RequestContext) -> bool:
+        self._check_version(model, version)
+        if model not in await self._models():
+            raise model_not_found(model)
+        return True
+
+    async def server_ready(self, ctx: RequestContext) -> bool:
+        try:
+            await self._models()
+        except GatewayError:
+            return False
+        return True
+
+    async def list_models(self, ctx: RequestContext) -> list[str]:
+        return list(await self._models())
+
+    # --- calls -------------------------------------------------------------------
+
+    @staticmethod
+    def _vectors(request: InferRequest) -> list[np.ndarray]:
+        """Tensors input_0..input_{k-1} (any order, any shape) as flat float64."""
+        by_index: dict[int, np.ndarray] = {}
+        for tensor in request.inputs:
+            match = _INPUT_NAME.match(tensor.name)
+            if match is None:
+                raise invalid(f"input '{tensor.name[:64]}' is not named input_0, input_1, ... as inputs of "
+                              f"UM-Bridge model '{request.model_name}' are")
+            if tensor.datatype in ("BYTES", "BF16"):
+                raise invalid(f"input '{tensor.name}' is {tensor.datatype}; UM-Bridge models take numbers (FP64)")
+            by_index[int(match.group(1))] = np.asarray(tensor.data, dtype=np.float64).reshape(-1)
+        missing = [i for i in range(len(by_index)) if i not in by_index]
+        if missing:
+            raise invalid(f"input 'input_{missing[0]}' of UM-Bridge model '{request.model_name}' is missing")
+        return [by_index[i] for i in range(len(by_index))]
+
+    async def infer(self, request: InferRequest, ctx: RequestContext) -> InferResponse:
+        self._check_version(request.model_name, request.model_version)
+        config = codec.config_from_text(request.parameters.get(codec.CONFIG_PARAMETER))
+        body = codec.encode_request(request.model_name, config, self._vectors(request),
+                                    policy=self.options.nonfinite)
+        outputs = codec.decode_outputs(await self._call("POST", "/Evaluate", body), self.label)
+        tensors = [Tensor.from_numpy(f"output_{i}", out, "FP64") for i, out in enumerate(outputs)]
+        return InferResponse(request.model_name, "", request.id, tensors)
+
+    async def call_extension(self, operation: str, request: Any, ctx: RequestContext) -> Any:
+        if not isinstance(request, ExtensionRequest):
+            return await super().call_extension(operation, request, ctx)
+        inner = request.request
+        self._check_version(inner.model_name, inner.model_version)
+        config = codec.config_from_text(inner.parameters.get(codec.CONFIG_PARAMETER))
+        if operation == METADATA_OPERATION:
+            return await self._describe(inner.model_name, config)
+        if operation == DERIVATIVE_OPERATION and isinstance(request.arguments, Derivative):
+            derivative = request.arguments
+            body = codec.encode_request(inner.model_name, config, self._vectors(inner), derivative,
+                                        self.options.nonfinite)
+            answer = await self._call("POST", f"/{derivative.kind}", body)
+            return codec.decode_vector_output(answer, self.label)
+        raise unsupported(f"upstream '{self.upstream.name}' does not support {operation}")

@@ -1,0 +1,166 @@
+"""UM-Bridge 1.0 listener (aiohttp).
+
+Every call is checked in the reference order: the request's structure, then
+the model (ModelNotFound), then the feature (UnsupportedFeature), then the
+inputs (InvalidInput). Every answer, errors included, is JSON; no
+Content-Type is required of clients (the R client sends none).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from gateway.confignode import Node
+from gateway.errors import ErrorKind, GatewayError
+from gateway.httpserver import REQUEST_ID_HEADER, HttpFrontend, error_middleware, read_body, request_context
+from gateway.protocols.umbridge import codec
+from gateway.protocols.umbridge.bridge import Bridge
+from gateway.protocols.umbridge.cache import TtlCache
+from gateway.protocols.umbridge.mapping import ModelView, build_view
+from gateway.protocols.umbridge.options import (
+    ListenerOptions,
+    RouteOptions,
+    parse_listener_options,
+    parse_route_options,
+)
+from gateway.types import DERIVATIVE_KINDS, METADATA_OPERATION, InferRequest, ModelMetadata, RequestContext
+
+log = logging.getLogger(__name__)
+PROTOCOL = "umbridge"
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+# Failures that say nothing about whether a model exists: such models stay
+# listed in /Info (last), the others are left out.
+_TRANSIENT = frozenset({ErrorKind.UPSTREAM_UNAVAILABLE, ErrorKind.UPSTREAM_TIMEOUT, ErrorKind.OVERLOADED,
+                        ErrorKind.NOT_READY})
+
+
+def json_response(body: bytes, status: int = 200, request_id: str = "") -> web.Response:
+    headers = {REQUEST_ID_HEADER: request_id} if request_id else None
+    return web.Response(status=status, body=body, content_type=codec.JSON_TYPE, headers=headers)
+
+
+def error_response(error: GatewayError, status: int | None = None) -> web.Response:
+    default_status, body = codec.encode_error(error)
+    return json_response(body, status or default_status)
+
+
+# Every failure leaves as UM-Bridge error JSON, never as a text page.
+umbridge_errors = error_middleware(
+    error_response,
+    {404: ErrorKind.UNSUPPORTED, 405: ErrorKind.UNSUPPORTED, 413: ErrorKind.TOO_LARGE})
+
+
+class UmbridgeFrontend(HttpFrontend):
+    @classmethod
+    def parse_options(cls, node: Node) -> ListenerOptions:
+        return parse_listener_options(node)
+
+    @classmethod
+    def parse_route_options(cls, node: Node, base_dir: Path) -> RouteOptions:
+        return parse_route_options(node)
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.options: ListenerOptions = self.listener.options or ListenerOptions()
+        self._views: TtlCache[ModelView] = TtlCache(self.options.metadata_ttl)
+
+    def build_app(self) -> web.Application:
+        app = self.new_app([umbridge_errors])
+        app.router.add_get("/Info", self.info)
+        app.router.add_post("/InputSizes", self.input_sizes)
+        app.router.add_post("/OutputSizes", self.output_sizes)
+        app.router.add_post("/ModelInfo", self.model_info)
+        app.router.add_post("/Evaluate", self.evaluate)
+        for kind in DERIVATIVE_KINDS:
+            app.router.add_post(f"/{kind}", self._derivative_handler(kind))
+        return app
+
+    # --- the model behind a name -------------------------------------------
+
+    async def _metadata(self, name: str, config_text: str, ctx: RequestContext) -> ModelMetadata:
+        if config_text:  # sizes may depend on config: ask upstreams that can say
+            request = InferRequest(name, parameters={codec.CONFIG_PARAMETER: config_text})
+            try:
+                metadata: ModelMetadata = await self.dataplane.call_extension(METADATA_OPERATION, request, ctx)
+                return metadata
+            except GatewayError as exc:
+                if exc.kind != ErrorKind.UNSUPPORTED:
+                    raise
+        return await self.dataplane.model_metadata(name, "", ctx)
+
+    async def view(self, name: str, config_text: str, ctx: RequestContext) -> ModelView:
+        route = self.dataplane.resolve(name, "", ctx)
+        options = route.config.options.get(PROTOCOL)
+        route_options = options if isinstance(options, RouteOptions) else None
+
+        async def load() -> ModelView:
+            return build_view(name, await self._metadata(name, config_text, ctx), route_options)
+
+        return await self._views.get((route.index, name, config_text), load)
+
+    # --- handlers -------------------------------------------------------------
+
+    async def _call(self, request: web.Request) -> tuple[codec.Call, RequestContext]:
+        ctx = request_context(request, self.listener.name, PROTOCOL)
+        body = await read_body(request, self.max_body)
+        return codec.decode_call(body), ctx
+
+    async def info(self, request: web.Request) -> web.Response:
+        ctx = request_context(request, self.listener.name, PROTOCOL)
+        names = await self.dataplane.list_models(ctx)
+        views = await asyncio.gather(*(self.view(n, "", ctx) for n in names), return_exceptions=True)
+        ready: list[str] = []
+        others: list[str] = []
+        unknown: list[str] = []
+        for name, view in zip(names, views, strict=True):
+            if isinstance(view, ModelView):
+                (ready if "Evaluate" in view.support else others).append(name)
+            elif isinstance(view, GatewayError) and view.kind in _TRANSIENT:
+                unknown.append(name)
+            elif not isinstance(view, GatewayError):
+                log.error("listing model %s failed: %r", name, view)
+        # The conformity suite and simple clients use models[0]: Evaluate-capable first.
+        return json_response(codec.encode_info(ready + others + unknown), request_id=ctx.request_id)
+
+    async def input_sizes(self, request: web.Request) -> web.Response:
+        call, ctx = await self._call(request)
+        view = await self.view(call.name, call.config_text, ctx)
+        return json_response(codec.encode_sizes("inputSizes", view.input_sizes), request_id=ctx.request_id)
+
+    async def output_sizes(self, request: web.Request) -> web.Response:
+        call, ctx = await self._call(request)
+        view = await self.view(call.name, call.config_text, ctx)
+        return json_response(codec.encode_sizes("outputSizes", view.output_sizes), request_id=ctx.request_id)
+
+    async def model_info(self, request: web.Request) -> web.Response:
+        call, ctx = await self._call(request)
+        view = await self.view(call.name, call.config_text, ctx)
+        return json_response(codec.encode_support(view.support), request_id=ctx.request_id)
+
+    async def evaluate(self, request: web.Request) -> web.Response:
+        call, ctx = await self._call(request)
+        view = await self.view(call.name, call.config_text, ctx)
+        view.require("Evaluate")
+        inputs = codec.decode_inputs(call, view.input_sizes)
+        (outputs,) = await Bridge(self.dataplane, ctx, view, call.config_text).evaluate([inputs])
+        return json_response(codec.encode_outputs(outputs, self.options.nonfinite), request_id=ctx.request_id)
+
+    def _derivative_handler(self, kind: str) -> Handler:
+        async def handle(request: web.Request) -> web.Response:
+            call, ctx = await self._call(request)
+            view = await self.view(call.name, call.config_text, ctx)
+            view.require(kind)
+            inputs = codec.decode_inputs(call, view.input_sizes)
+            derivative = codec.decode_derivative(kind, call, view.input_sizes, view.output_sizes)
+            result = await Bridge(self.dataplane, ctx, view, call.config_text).derivative(inputs, derivative)
+            return json_response(codec.encode_vector_output(result, self.options.nonfinite),
+                                 request_id=ctx.request_id)
+
+        return handle
