@@ -12,9 +12,12 @@ from typing import Any
 # protocol name -> "module:Class" for each side it offers.
 FRONTENDS: dict[str, str] = {
     "v2-rest": "gateway.protocols.v2_rest.frontend:V2RestFrontend",
+    "v2-grpc": "gateway.protocols.v2_grpc.frontend:V2GrpcFrontend",
 }
 BACKENDS: dict[str, str] = {
     "builtin": "gateway.builtin.backend:BuiltinClient",
+    "v2-rest": "gateway.protocols.v2_rest.backend:V2RestClient",
+    "v2-grpc": "gateway.protocols.v2_grpc.backend:V2GrpcClient",
 }
 
 
