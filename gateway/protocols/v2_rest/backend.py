@@ -108,10 +108,9 @@ class V2RestClient(UpstreamClient):
         except aiohttp.ClientConnectionError as exc:
             raise GatewayError(ErrorKind.UPSTREAM_UNAVAILABLE,
                                f"connection to upstream {self.label} failed: {str(exc)[:200]}") from None
-        except aiohttp.ClientError as exc:
+        except aiohttp.ClientError as exc:  # aiohttp's text may quote the reply: name the failure only
             raise GatewayError(ErrorKind.UPSTREAM_BAD_RESPONSE,
-                               f"upstream {self.label} sent an unreadable HTTP reply: {type(exc).__name__}: "
-                               f"{str(exc)[:200]}") from None
+                               f"upstream {self.label} sent an unreadable HTTP reply ({type(exc).__name__})") from None
 
     def _error(self, reply: Reply) -> GatewayError:
         return codec.decode_error(reply.status, reply.body, self.label)
