@@ -25,6 +25,7 @@ from tritonclient.utils import InferenceServerException
 
 from support import GatewayProcess, free_port, write_config
 
+
 def _http_reply(body: bytes) -> bytes:
     head = f"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\nConnection: close"
     return head.encode() + b"\r\n\r\n" + body
