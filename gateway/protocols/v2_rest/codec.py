@@ -252,7 +252,7 @@ def array_to_raw(tensor: Tensor) -> bytes | memoryview:
     if tensor.datatype == "BYTES":
         return bytes_to_raw(tensor.data)
     data = np.ascontiguousarray(tensor.data, dtype=NUMPY_DTYPES[tensor.datatype])
-    return memoryview(data.reshape(-1).view(np.uint8))  # a byte view; works for empty tensors too
+    return memoryview(data.reshape(-1).view(np.uint8))  # type: ignore[arg-type]  # also for empty tensors
 
 
 # --- tensors in a JSON head --------------------------------------------------
