@@ -19,7 +19,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from peers.mlserver import MLServerPeer
-from support import GatewayProcess, write_config
+from support import GatewayProcess, free_port, write_config
 
 CLIENTS = ["http-json", "http-binary", "grpc"]
 UPSTREAMS = ["rest", "grpc"]
@@ -34,7 +34,10 @@ listeners:
 upstreams:
   - {{name: mlserver-rest, protocol: v2-rest, endpoints: ["{peer.rest_address}"]}}
   - {{name: mlserver-grpc, protocol: v2-grpc, endpoints: ["{peer.grpc_address}"]}}
+  - {{name: nowhere, protocol: v2-rest, endpoints: ["127.0.0.1:{free_port()}"]}}
 routes:
+  - match: {{headers: {{x-upstream: nowhere}}}}
+    upstream: nowhere
   - match: {{model: mls_simple}}
     upstream: mlserver-grpc
     rewrite: {{model: simple, version: "1"}}
@@ -150,6 +153,18 @@ def test_big_tensor(gateway: GatewayProcess, client: str, upstream: str) -> None
     address = gateway.url("grpc" if client == "grpc" else "rest")
     got, _ = infer(client, address, "identity_fp32", {"INPUT0": big}, upstream)
     assert_same(got, {"OUTPUT0": big})
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_header_picks_the_upstream(gateway: GatewayProcess, client: str) -> None:
+    """The x-upstream header (gRPC metadata for the gRPC client) really
+    routes: naming an upstream that is down fails, naming it."""
+    a = np.ones((1, 16), dtype=np.int32)
+    address = gateway.url("grpc" if client == "grpc" else "rest")
+    with pytest.raises(InferenceServerException) as info:
+        infer(client, address, "simple", {"INPUT0": a, "INPUT1": a}, "nowhere")
+    assert info.value.status() in ("503", "StatusCode.UNAVAILABLE")
+    assert "upstream nowhere" in info.value.message()
 
 
 def test_binary_client_needs_the_gateway(gateway: GatewayProcess, mlserver: MLServerPeer) -> None:
