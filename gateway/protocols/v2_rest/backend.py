@@ -65,6 +65,7 @@ class V2RestClient(UpstreamClient):
         self.max_response = response_limit(self.options.max_response_bytes, self.services)
         # Whether this endpoint takes binary tensors; None until learned.
         self.binary: bool | None = {"always": True, "never": False}.get(self.options.binary)
+        self._asked_metadata = False
 
     async def start(self) -> None:
         connector = aiohttp.TCPConnector(limit=self.options.max_connections, keepalive_timeout=_IDLE_KEEPALIVE_S)
@@ -145,16 +146,20 @@ class V2RestClient(UpstreamClient):
     # --- operations --------------------------------------------------------------
 
     async def infer(self, request: InferRequest, ctx: RequestContext) -> InferResponse:
-        if self.binary is None:
+        if self.binary is None and not self._asked_metadata:
             await self._learn_binary(ctx)
+            self._asked_metadata = True
         reply = await self._infer_once(request, self.binary is not False, ctx)
-        if self.binary is None and reply.status in _REJECTS_BINARY:
-            json_reply = await self._infer_once(request, False, ctx)
-            if json_reply.status == 200:
-                log.info("upstream %s rejected binary tensors with %d; sending JSON from now on",
-                         self.label, reply.status)
-                self.binary = False
-            reply = json_reply
+        if self.binary is None:  # the metadata did not tell: learn from this attempt
+            if reply.status == 200:
+                self.binary = True
+            elif reply.status in _REJECTS_BINARY:
+                json_reply = await self._infer_once(request, False, ctx)
+                if json_reply.status == 200:
+                    log.info("upstream %s rejected binary tensors with %d; sending JSON from now on",
+                             self.label, reply.status)
+                    self.binary = False
+                reply = json_reply
         if reply.status != 200:
             raise self._error(reply)
         with reading_reply(self.label):
