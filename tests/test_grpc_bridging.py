@@ -142,8 +142,9 @@ def test_bytes(gateway: GatewayProcess, mlserver: MLServerPeer, client: str, ups
 
 
 # 16 MiB and a bit. MLServer's REST side speaks only JSON (82 MB of text for
-# this tensor, ~13 s in MLServer), so the REST upstream gets one client here.
-BIG_CASES = [("http-binary", "grpc"), ("grpc", "grpc"), ("grpc", "rest")]
+# this tensor, several seconds in MLServer), and tritonclient's JSON form
+# would be as big, over the default request limit: binary and gRPC clients.
+BIG_CASES = [("http-binary", "grpc"), ("grpc", "grpc"), ("http-binary", "rest"), ("grpc", "rest")]
 
 
 @pytest.mark.parametrize(("client", "upstream"), BIG_CASES)

@@ -46,12 +46,17 @@ def ensure_venv() -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another test run may be installing it right now
         if not marker.exists():
             shutil.rmtree(VENV, ignore_errors=True)  # a half-made venv from an interrupted run
-            subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True, timeout=120)
-            subprocess.run([str(VENV / "bin" / "python"), "-m", "pip", "install", "--quiet",
-                            "--disable-pip-version-check", f"mlserver=={MLSERVER_VERSION}"],
-                           check=True, timeout=INSTALL_TIMEOUT)
+            _run([sys.executable, "-m", "venv", str(VENV)], 120)
+            _run([str(VENV / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+                  f"mlserver=={MLSERVER_VERSION}"], INSTALL_TIMEOUT)
             marker.write_text(MLSERVER_VERSION)
     return executable
+
+
+def _run(command: list[str], timeout: float) -> None:
+    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    if result.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} failed with {result.returncode}:\n{result.stderr[-3000:]}")
 
 
 def model_names() -> list[str]:

@@ -84,7 +84,9 @@ class V2RestClient(UpstreamClient):
                     headers: dict[str, str] | None = None, ctx: RequestContext | None = None) -> Reply:
         if self._session is None:
             raise GatewayError(ErrorKind.INTERNAL, f"upstream {self.label} is not started")
-        headers = dict(headers or {})
+        # Tensors barely compress and the upstream is usually near: ask for
+        # none (MLServer would gzip every reply aiohttp's default accepts).
+        headers = {"Accept-Encoding": "identity", **(headers or {})}
         if ctx is not None and ctx.request_id:
             headers["x-request-id"] = ctx.request_id
         try:
