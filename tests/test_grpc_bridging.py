@@ -23,6 +23,7 @@ from support import GatewayProcess, free_port, write_config
 
 CLIENTS = ["http-json", "http-binary", "grpc"]
 UPSTREAMS = ["rest", "grpc"]
+OUTPUT_NAMES = {"simple": ["OUTPUT0", "OUTPUT1"], "upper_bytes": ["UPPER", "LENGTH"], "identity_fp32": ["OUTPUT0"]}
 
 
 def bridge_config(peer: MLServerPeer) -> str:
@@ -77,8 +78,11 @@ def infer(client: str, address: str, model: str, arrays: dict[str, np.ndarray], 
             item = httpclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
             item.set_data_from_numpy(array, binary_data=binary)
             inputs.append(item)
+        # tritonclient asks for binary outputs unless each output says otherwise
+        outputs = None if binary else [httpclient.InferRequestedOutput(n, binary_data=False)
+                                       for n in OUTPUT_NAMES[model]]
         result = hc.infer(model, inputs, request_id=request_id, parameters=parameters, headers=headers,
-                          outputs=None if binary else [])
+                          outputs=outputs)
         names = [o["name"] for o in result.get_response()["outputs"]]
         return {n: _normalize(result.as_numpy(n)) for n in names}, result.get_response()
 
@@ -120,6 +124,12 @@ def test_simple_add_sub(gateway: GatewayProcess, mlserver: MLServerPeer, client:
         assert response["id"] == "req-7"
         assert response["parameters"]["tenant"] == "blue"
         assert response["parameters"]["retries"] == 2
+        # the client's own form, whatever form the upstream answered in
+        for output in response["outputs"]:
+            if client == "http-binary":
+                assert output["parameters"]["binary_data_size"] == 2 * 16 * 4 and "data" not in output
+            else:
+                assert "data" in output and "binary_data_size" not in output.get("parameters", {})
     direct = direct_address(client, mlserver)
     if direct:
         expected, _ = infer(client, direct, "simple", {"INPUT0": a, "INPUT1": b})
