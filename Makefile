@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test setup check clean
+.PHONY: run test setup check clean protos
 
 $(BIN)/gateway: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +20,11 @@ run: setup
 
 test: setup
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+# Regenerate gateway/protocols/v2_grpc/generated/ from protos/ (grpcio-tools
+# comes with the test extra); tests/test_grpc_protos.py checks it is current.
+protos: setup
+	$(BIN)/python protos/generate.py
 
 check: setup
 	$(BIN)/gateway check --config config/gateway.yaml

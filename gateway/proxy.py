@@ -11,6 +11,7 @@ import asyncio
 import dataclasses
 import itertools
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -81,6 +82,8 @@ class DataPlane:
         remaining = ctx.remaining()
         if remaining is not None:
             timeout = remaining if timeout is None else min(timeout, remaining)
+        if timeout is not None:  # upstream clients pass the remaining time on (e.g. as a gRPC deadline)
+            ctx.deadline = time.monotonic() + timeout
         try:
             if timeout is None:
                 return await call(client)
@@ -88,7 +91,7 @@ class DataPlane:
                 return await call(client)
         except TimeoutError:
             raise GatewayError(ErrorKind.UPSTREAM_TIMEOUT,
-                               f"upstream {client.label} did not answer within {timeout:g}s") from None
+                               f"upstream {client.label} did not answer within {timeout:.2f}s") from None
         except GatewayError:
             raise
         except Exception as exc:  # a bug in a client: never leak a traceback to the wire

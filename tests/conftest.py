@@ -8,6 +8,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from peers.mlserver import mlserver  # noqa: F401 - the session-wide MLServer fixture
 from support import BUILTIN_REST_CONFIG, GatewayProcess, write_config
 
 

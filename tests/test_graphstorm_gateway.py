@@ -21,8 +21,8 @@ import pytest
 import requests
 import tritonclient.http as httpclient
 from graphstorm_payloads import MOVIELENS_SCHEMA, changed, large_movielens, load, movielens, uid
-from peers.graphstorm_standin import StandIn, probabilities
 
+from peers.graphstorm_standin import StandIn, probabilities
 from support import GatewayProcess, free_port, write_config
 
 JSON = {"Content-Type": "application/json"}

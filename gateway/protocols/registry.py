@@ -12,11 +12,14 @@ from typing import Any
 # protocol name -> "module:Class" for each side it offers.
 FRONTENDS: dict[str, str] = {
     "v2-rest": "gateway.protocols.v2_rest.frontend:V2RestFrontend",
+    "v2-grpc": "gateway.protocols.v2_grpc.frontend:V2GrpcFrontend",
     "graphstorm": "gateway.protocols.graphstorm.frontend:GraphStormFrontend",
     "umbridge": "gateway.protocols.umbridge.frontend:UmbridgeFrontend",
 }
 BACKENDS: dict[str, str] = {
     "builtin": "gateway.builtin.backend:BuiltinClient",
+    "v2-rest": "gateway.protocols.v2_rest.backend:V2RestClient",
+    "v2-grpc": "gateway.protocols.v2_grpc.backend:V2GrpcClient",
     "graphstorm": "gateway.protocols.graphstorm.backend:GraphStormClient",
     "umbridge": "gateway.protocols.umbridge.backend:UmbridgeClient",
 }

@@ -267,7 +267,7 @@ def array_to_raw(tensor: Tensor) -> bytes | memoryview:
     if tensor.datatype == "BYTES":
         return bytes_to_raw(tensor.data)
     data = np.ascontiguousarray(tensor.data, dtype=NUMPY_DTYPES[tensor.datatype])
-    return memoryview(data).cast("B")  # type: ignore[arg-type]
+    return memoryview(data.reshape(-1).view(np.uint8))  # type: ignore[arg-type]  # also for empty tensors
 
 
 # --- tensors in a JSON head --------------------------------------------------

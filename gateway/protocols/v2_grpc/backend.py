@@ -1,0 +1,95 @@
+"""V2 gRPC upstream client: one grpc.aio channel per endpoint, raw contents.
+
+Every call carries the request's remaining time as its gRPC deadline, so
+the upstream can give up when the client would no longer wait. Replies are
+parsed here (not by grpc) so an unparseable one is reported clearly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from google.protobuf.message import DecodeError
+
+from gateway.confignode import Node
+from gateway.errors import ErrorKind, GatewayError, malformed
+from gateway.protocols.base import UpstreamClient
+from gateway.protocols.upstream import parse_response_limit, reading_reply, response_limit
+from gateway.protocols.v2_grpc import codec
+from gateway.protocols.v2_grpc import messages as pb
+from gateway.types import InferRequest, InferResponse, ModelMetadata, RequestContext
+
+# Reconnect soon after an upstream comes back (grpc's default backoff grows to 120 s).
+_MAX_RECONNECT_BACKOFF_MS = 5000
+
+
+@dataclass(frozen=True, slots=True)
+class GrpcUpstreamOptions:
+    max_response_bytes: int | None = None  # None: 4 x limits.max_request_bytes
+
+
+class V2GrpcClient(UpstreamClient):
+    _channel: grpc.aio.Channel | None = None
+
+    @classmethod
+    def parse_options(cls, node: Node) -> GrpcUpstreamOptions:
+        return GrpcUpstreamOptions(parse_response_limit(node))
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        options: GrpcUpstreamOptions = self.upstream.options or GrpcUpstreamOptions()
+        self.max_response = response_limit(options.max_response_bytes, self.services)
+        self._calls: dict[str, Any] = {}
+
+    async def start(self) -> None:
+        self._channel = grpc.aio.insecure_channel(str(self.endpoint), options=[
+            ("grpc.max_receive_message_length", self.max_response),
+            ("grpc.max_send_message_length", -1),  # requests were bounded when they arrived
+            ("grpc.max_reconnect_backoff_ms", _MAX_RECONNECT_BACKOFF_MS),
+        ])
+        self._calls = {name: self._channel.unary_unary(pb.method_path(name),
+                                                       request_serializer=request_class.SerializeToString)
+                       for name, (request_class, _) in pb.METHODS.items()}
+
+    async def close(self) -> None:
+        if self._channel is not None:
+            await self._channel.close()
+            self._channel = None
+
+    async def _call(self, name: str, request: Any, ctx: RequestContext) -> Any:
+        timeout = ctx.remaining()
+        if timeout is not None and timeout <= 0:
+            raise GatewayError(ErrorKind.UPSTREAM_TIMEOUT, f"no time left to call upstream {self.label}")
+        call = self._calls.get(name)
+        if call is None:
+            raise GatewayError(ErrorKind.INTERNAL, f"upstream {self.label} is not started")
+        metadata = (("x-request-id", ctx.request_id),) if ctx.request_id else None
+        try:
+            data = await call(request, timeout=timeout, metadata=metadata)
+        except grpc.aio.AioRpcError as exc:
+            raise codec.decode_error(exc.code(), exc.details(), self.label) from None
+        response_class = pb.METHODS[name][1]
+        with reading_reply(self.label):
+            try:
+                return response_class.FromString(data)
+            except DecodeError:
+                raise malformed(f"not a valid {response_class.DESCRIPTOR.full_name} message") from None
+
+    async def infer(self, request: InferRequest, ctx: RequestContext) -> InferResponse:
+        reply = await self._call("ModelInfer", codec.encode_infer_request(request), ctx)
+        with reading_reply(self.label):
+            return codec.decode_infer_response(reply, self.services.config.limits.max_tensor_elements)
+
+    async def model_metadata(self, model: str, version: str, ctx: RequestContext) -> ModelMetadata:
+        reply = await self._call("ModelMetadata", pb.ModelMetadataRequest(name=model, version=version), ctx)
+        with reading_reply(self.label):
+            return codec.decode_model_metadata(reply)
+
+    async def model_ready(self, model: str, version: str, ctx: RequestContext) -> bool:
+        reply = await self._call("ModelReady", pb.ModelReadyRequest(name=model, version=version), ctx)
+        return bool(reply.ready)
+
+    async def server_ready(self, ctx: RequestContext) -> bool:
+        return bool((await self._call("ServerReady", pb.ServerReadyRequest(), ctx)).ready)

@@ -1,0 +1,276 @@
+"""Open Inference Protocol (V2) gRPC codec: protobuf messages <-> canonical types.
+
+Pure functions, both directions: decode a client's request and encode our
+answer (frontend side), encode a request and decode a server's answer
+(backend side). No server or channel code here.
+
+Tensor data travels either as ``raw_*_contents`` (one bytes entry per
+tensor, the same little-endian layout as REST's binary extension) or as
+typed ``contents``. One message must not mix the two forms.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from types import MappingProxyType
+from typing import Any
+
+import grpc
+import numpy as np
+import orjson
+
+from gateway.errors import ErrorKind, GatewayError, invalid, malformed
+from gateway.protocols.v2_grpc import messages as pb
+from gateway.protocols.v2_rest.codec import array_from_raw, array_to_raw
+from gateway.types import (
+    NUMPY_DTYPES,
+    InferRequest,
+    InferResponse,
+    ModelMetadata,
+    RequestedOutput,
+    Tensor,
+    TensorSpec,
+    check_datatype,
+    element_count,
+)
+
+# One table from error kind to status code; a test checks it is complete.
+CODE_OF_KIND: Mapping[ErrorKind, grpc.StatusCode] = MappingProxyType({
+    ErrorKind.MALFORMED_REQUEST: grpc.StatusCode.INVALID_ARGUMENT,
+    ErrorKind.INVALID_INPUT: grpc.StatusCode.INVALID_ARGUMENT,
+    ErrorKind.MODEL_NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    ErrorKind.UNSUPPORTED: grpc.StatusCode.UNIMPLEMENTED,
+    ErrorKind.UNAUTHENTICATED: grpc.StatusCode.UNAUTHENTICATED,
+    ErrorKind.TOO_LARGE: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    ErrorKind.OVERLOADED: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    ErrorKind.NOT_READY: grpc.StatusCode.UNAVAILABLE,
+    ErrorKind.UPSTREAM_UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
+    ErrorKind.UPSTREAM_TIMEOUT: grpc.StatusCode.DEADLINE_EXCEEDED,
+    ErrorKind.UPSTREAM_BAD_RESPONSE: grpc.StatusCode.INTERNAL,
+    ErrorKind.INTERNAL: grpc.StatusCode.INTERNAL,
+})
+
+# An upstream's status as a gateway kind; codes not listed mean the
+# upstream misbehaved (UPSTREAM_BAD_RESPONSE). Never passed through blindly.
+KIND_OF_UPSTREAM_CODE: Mapping[grpc.StatusCode, ErrorKind] = MappingProxyType({
+    grpc.StatusCode.INVALID_ARGUMENT: ErrorKind.INVALID_INPUT,
+    grpc.StatusCode.OUT_OF_RANGE: ErrorKind.INVALID_INPUT,
+    grpc.StatusCode.NOT_FOUND: ErrorKind.MODEL_NOT_FOUND,
+    grpc.StatusCode.UNIMPLEMENTED: ErrorKind.UNSUPPORTED,
+    grpc.StatusCode.UNAUTHENTICATED: ErrorKind.UNAUTHENTICATED,
+    grpc.StatusCode.PERMISSION_DENIED: ErrorKind.UNAUTHENTICATED,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: ErrorKind.TOO_LARGE,
+    grpc.StatusCode.FAILED_PRECONDITION: ErrorKind.NOT_READY,
+    grpc.StatusCode.UNAVAILABLE: ErrorKind.UPSTREAM_UNAVAILABLE,
+    grpc.StatusCode.DEADLINE_EXCEEDED: ErrorKind.UPSTREAM_TIMEOUT,
+})
+
+# Datatype -> the InferTensorContents field that carries it. FP16 and BF16
+# have none: they travel only raw.
+TYPED_FIELD: Mapping[str, str] = MappingProxyType({
+    "BOOL": "bool_contents",
+    "INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "UINT8": "uint_contents", "UINT16": "uint_contents", "UINT32": "uint_contents",
+    "UINT64": "uint64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+    "BYTES": "bytes_contents",
+})
+
+# Parameters that belong to REST's binary extension; they mean nothing on gRPC.
+REST_ONLY_PARAMETERS = frozenset({"binary_data_output", "binary_data", "binary_data_size"})
+
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+_UINT64_MAX = (1 << 64) - 1
+
+
+# --- errors ------------------------------------------------------------------
+
+
+def encode_error(error: GatewayError) -> tuple[grpc.StatusCode, str]:
+    return CODE_OF_KIND[error.kind], error.message
+
+
+def decode_error(code: grpc.StatusCode, details: str | None, upstream: str) -> GatewayError:
+    """An upstream's gRPC status as a gateway error naming the upstream."""
+    kind = KIND_OF_UPSTREAM_CODE.get(code, ErrorKind.UPSTREAM_BAD_RESPONSE)
+    if code is grpc.StatusCode.UNKNOWN and "ModelNotFound" in (details or ""):
+        kind = ErrorKind.MODEL_NOT_FOUND  # MLServer 1.7's ModelReady/ModelMetadata leave this unmapped
+    detail = (details or "")[:512]
+    said = "is unavailable" if code is grpc.StatusCode.UNAVAILABLE else f"answered {code.name}"
+    return GatewayError(kind, f"upstream {upstream} {said}" + (f": {detail}" if detail else ""))
+
+
+# --- parameters ----------------------------------------------------------------
+
+
+def parameters_from_proto(source: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in source.items():
+        which = value.WhichOneof("parameter_choice")
+        if which is not None:
+            out[key] = getattr(value, which)
+    return out
+
+
+def parameters_to_proto(parameters: Mapping[str, Any], target: Any) -> None:
+    """Fill a ``map<string, InferParameter>``. Values gRPC cannot carry
+    (objects, lists, null, integers beyond 64 bits) travel as JSON text."""
+    for key, value in parameters.items():
+        if key in REST_ONLY_PARAMETERS:
+            continue
+        slot = target[key]
+        if isinstance(value, bool):
+            slot.bool_param = value
+        elif isinstance(value, int) and _INT64[0] <= value <= _INT64[1]:
+            slot.int64_param = value
+        elif isinstance(value, int) and 0 <= value <= _UINT64_MAX:
+            slot.uint64_param = value
+        elif isinstance(value, float):
+            slot.double_param = value
+        elif isinstance(value, str):
+            slot.string_param = value
+        elif isinstance(value, int):
+            slot.string_param = str(value)
+        else:
+            slot.string_param = orjson.dumps(value, default=str).decode()
+
+
+# --- tensors -------------------------------------------------------------------
+
+
+def _typed_array(contents: Any, datatype: str, shape: tuple[int, ...], count: int, where: str) -> np.ndarray:
+    field = TYPED_FIELD.get(datatype)
+    if field is None:
+        raise invalid(f"{where}: {datatype} has no typed contents field; send it as raw contents")
+    for descriptor, _ in contents.ListFields():
+        if descriptor.name != field:
+            raise invalid(f"{where}: {datatype} data must be in '{field}', not '{descriptor.name}'")
+    values = getattr(contents, field)
+    if len(values) != count:
+        raise invalid(f"{where}: has {len(values)} elements in '{field}' but shape {list(shape)} needs {count}")
+    if datatype == "BYTES":
+        array = np.empty(count, dtype=object)
+        array[:] = list(values)
+        return array.reshape(shape)
+    dtype = NUMPY_DTYPES[datatype]
+    if datatype in ("INT8", "INT16", "UINT8", "UINT16") and count:
+        wide = np.fromiter(values, dtype=np.int64, count=count)
+        limits = np.iinfo(dtype)
+        if wide.min() < limits.min or wide.max() > limits.max:
+            raise invalid(f"{where}: a value is out of range for {datatype}")
+        return wide.astype(dtype).reshape(shape)
+    return np.fromiter(values, dtype=dtype, count=count).reshape(shape)
+
+
+def decode_tensors(items: Any, raw_contents: Any, where: str, max_elements: int) -> list[Tensor]:
+    """Input tensors of a request, or output tensors of a response."""
+    raw = list(raw_contents)
+    if raw:
+        # An empty contents message next to raw data is no mix (MLServer sends one).
+        if any(item.HasField("contents") and item.contents.ListFields() for item in items):
+            raise invalid(f"the message mixes raw_{where}_contents with typed {where} contents; use one form")
+        if len(raw) != len(items):
+            raise invalid(f"the message has {len(raw)} raw_{where}_contents entries for {len(items)} {where}s")
+    tensors = []
+    for index, item in enumerate(items):
+        if not item.name:
+            raise malformed(f"{where} #{index} has no name")
+        label = f"{where} '{item.name[:100]}'"
+        datatype = check_datatype(item.datatype, label)
+        shape = tuple(item.shape)
+        count = element_count(list(shape), label, max_elements)
+        if raw:
+            data = array_from_raw(memoryview(raw[index]), datatype, shape, count, label)
+        elif item.HasField("contents"):
+            data = _typed_array(item.contents, datatype, shape, count, label)
+        elif count == 0:
+            data = np.empty(shape, dtype=NUMPY_DTYPES[datatype])
+        else:
+            raise invalid(f"{label}: has no data (neither contents nor raw_{where}_contents)")
+        tensors.append(Tensor(item.name, datatype, shape, data, parameters_from_proto(item.parameters)))
+    return tensors
+
+
+def _fill_typed(tensor: Tensor, contents: Any) -> None:
+    values = getattr(contents, TYPED_FIELD[tensor.datatype])
+    flat = tensor.data.reshape(-1)
+    values.extend(list(flat) if tensor.datatype == "BYTES" else flat.tolist())
+
+
+def encode_tensors(tensors: Iterable[Tensor], items: Any, raw_contents: Any, typed: bool) -> None:
+    """Append tensors to a repeated tensor field; data raw, or typed when
+    ``typed`` and every datatype has a typed field (else all raw: one
+    message must not mix the two forms)."""
+    tensors = list(tensors)
+    typed = typed and all(t.datatype in TYPED_FIELD for t in tensors)
+    for tensor in tensors:
+        item = items.add(name=tensor.name, datatype=tensor.datatype, shape=tensor.shape)
+        parameters_to_proto(tensor.parameters, item.parameters)
+        if typed:
+            _fill_typed(tensor, item.contents)
+        else:
+            raw_contents.append(bytes(array_to_raw(tensor)))
+
+
+# --- frontend: client requests in, our answers out -------------------------------
+
+
+def decode_infer_request(message: Any, max_elements: int) -> InferRequest:
+    if not message.model_name:
+        raise malformed("the request has no model_name")
+    inputs = decode_tensors(message.inputs, message.raw_input_contents, "input", max_elements)
+    outputs = [RequestedOutput(o.name, parameters_from_proto(o.parameters)) for o in message.outputs]
+    return InferRequest(message.model_name, message.model_version, message.id, inputs, outputs,
+                        parameters_from_proto(message.parameters))
+
+
+def encode_infer_response(response: InferResponse, typed: bool = False) -> Any:
+    message = pb.ModelInferResponse(model_name=response.model_name, model_version=response.model_version,
+                                    id=response.id)
+    parameters_to_proto(response.parameters, message.parameters)
+    encode_tensors(response.outputs, message.outputs, message.raw_output_contents, typed)
+    return message
+
+
+def encode_model_metadata(metadata: ModelMetadata) -> Any:
+    message = pb.ModelMetadataResponse(name=metadata.name, versions=list(metadata.versions),
+                                       platform=metadata.platform)
+    for specs, target in ((metadata.inputs, message.inputs), (metadata.outputs, message.outputs)):
+        for spec in specs:
+            target.add(name=spec.name, datatype=spec.datatype, shape=spec.shape)
+    return message
+
+
+def encode_server_metadata(name: str, version: str, extensions: list[str]) -> Any:
+    return pb.ServerMetadataResponse(name=name, version=version, extensions=extensions)
+
+
+# --- backend: our requests out, upstream answers in --------------------------------
+
+
+def encode_infer_request(request: InferRequest) -> Any:
+    """A request for an upstream V2 gRPC server; always raw contents (every
+    server reads them, and they are the only form for FP16/BF16)."""
+    message = pb.ModelInferRequest(model_name=request.model_name, model_version=request.model_version,
+                                   id=request.id)
+    parameters_to_proto(request.parameters, message.parameters)
+    encode_tensors(request.inputs, message.inputs, message.raw_input_contents, typed=False)
+    for output in request.outputs:
+        parameters_to_proto(output.parameters, message.outputs.add(name=output.name).parameters)
+    return message
+
+
+def decode_infer_response(message: Any, max_elements: int) -> InferResponse:
+    outputs = decode_tensors(message.outputs, message.raw_output_contents, "output", max_elements)
+    return InferResponse(message.model_name, message.model_version, message.id, outputs,
+                         parameters_from_proto(message.parameters))
+
+
+def decode_model_metadata(message: Any) -> ModelMetadata:
+    def specs(items: Any) -> tuple[TensorSpec, ...]:
+        return tuple(TensorSpec(t.name, t.datatype, tuple(t.shape)) for t in items)
+
+    return ModelMetadata(message.name, tuple(message.versions), message.platform,
+                         specs(message.inputs), specs(message.outputs))

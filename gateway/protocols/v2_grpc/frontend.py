@@ -1,0 +1,170 @@
+"""V2 gRPC listener (grpc.aio): the six core RPCs, health and reflection.
+
+The service is registered through generic handlers with our private-pool
+message classes (see messages.py), so no generated servicer module is needed.
+Requests arrive as bytes and are parsed here, so a message that is not valid
+protobuf gets INVALID_ARGUMENT rather than grpc's generic INTERNAL.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from google.protobuf.message import DecodeError
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from gateway.confignode import Node
+from gateway.errors import ErrorKind, GatewayError, malformed
+from gateway.protocols.base import Frontend
+from gateway.protocols.v2_grpc import codec
+from gateway.protocols.v2_grpc import messages as pb
+from gateway.types import RequestContext
+
+log = logging.getLogger(__name__)
+PROTOCOL = "v2-grpc"
+REQUEST_ID_KEY = "x-request-id"
+HEALTH_SERVICE = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
+
+
+@dataclass(frozen=True, slots=True)
+class GrpcListenerOptions:
+    # "raw": outputs in raw_output_contents (what tritonclient reads);
+    # "typed": in each output's typed contents.
+    output_contents: str = "raw"
+
+
+def server_options(max_message_bytes: int) -> list[tuple[str, Any]]:
+    return [
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_send_message_length", -1),  # answers are bounded by what upstreams may send
+        ("grpc.so_reuseport", 0),  # a second gateway on the same port must fail, not share it
+    ]
+
+
+def _metadata_dict(context: grpc.aio.ServicerContext) -> dict[str, str]:
+    pairs = context.invocation_metadata() or ()
+    return {key.lower(): value for key, value in pairs if isinstance(value, str)}
+
+
+class V2GrpcFrontend(Frontend):
+    _server: grpc.aio.Server | None = None
+    _health: Any = None
+    _port = 0
+
+    @classmethod
+    def parse_options(cls, node: Node) -> GrpcListenerOptions:
+        return GrpcListenerOptions(node.choice("output_contents", ("raw", "typed"), "raw"))
+
+    @property
+    def options(self) -> GrpcListenerOptions:
+        return self.listener.options or GrpcListenerOptions()
+
+    @property
+    def bound_port(self) -> int:
+        return self._port
+
+    async def start(self) -> None:
+        limit = self.services.config.limits.max_request_bytes
+        server = grpc.aio.server(options=server_options(limit))
+        handlers = {
+            name: grpc.unary_unary_rpc_method_handler(
+                self._handler(name, request_class), response_serializer=response_class.SerializeToString)
+            for name, (request_class, response_class) in pb.METHODS.items()
+        }
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(pb.SERVICE, handlers),))
+        self._health = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        reflection.enable_server_reflection((pb.SERVICE, HEALTH_SERVICE, reflection.SERVICE_NAME), server, pb.POOL)
+        address = self.listener.address
+        try:
+            self._port = server.add_insecure_port(str(address))
+        except RuntimeError as exc:
+            raise OSError(f"listener {self.listener.name}: cannot bind {address}: {exc}") from None
+        await server.start()
+        self._server = server
+        for service in ("", pb.SERVICE):
+            await self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
+        log.info("listener %s (%s) on %s:%d", self.listener.name, PROTOCOL, address.host, self._port)
+
+    async def stop(self, grace: float) -> None:
+        if self._server is None:
+            return
+        await self._health.enter_graceful_shutdown()
+        await self._server.stop(grace)
+        self._server = None
+
+    # --- plumbing --------------------------------------------------------------
+
+    def _handler(self, name: str, request_class: Any) -> Callable[[bytes, grpc.aio.ServicerContext], Awaitable[Any]]:
+        operation: Callable[[Any, RequestContext], Awaitable[Any]] = getattr(self, f"_{name}")
+        type_name = request_class.DESCRIPTOR.full_name
+
+        async def handle(data: bytes, context: grpc.aio.ServicerContext) -> Any:
+            failure: GatewayError
+            try:
+                try:
+                    request = request_class.FromString(data)
+                except DecodeError:
+                    raise malformed(f"the request is not a valid {type_name} message") from None
+                ctx = self._context(context, getattr(request, "id", ""))
+                context.set_trailing_metadata(((REQUEST_ID_KEY, ctx.request_id),))
+                return await operation(request, ctx)
+            except GatewayError as error:
+                failure = error
+            except Exception:
+                log.exception("unhandled error in %s", name)
+                failure = GatewayError(ErrorKind.INTERNAL, "internal error")
+            code, message = codec.encode_error(failure)
+            await context.abort(code, message)
+
+        return handle
+
+    def _context(self, context: grpc.aio.ServicerContext, message_id: str) -> RequestContext:
+        metadata = _metadata_dict(context)
+        remaining = context.time_remaining()
+        return RequestContext(
+            listener=self.listener.name,
+            protocol=PROTOCOL,
+            request_id=metadata.get(REQUEST_ID_KEY) or message_id or uuid.uuid4().hex,
+            headers=metadata,
+            deadline=time.monotonic() + remaining if remaining is not None else None,
+        )
+
+    # --- the six RPCs ------------------------------------------------------------
+
+    async def _ServerLive(self, request: Any, ctx: RequestContext) -> Any:
+        return pb.ServerLiveResponse(live=True)
+
+    async def _ServerReady(self, request: Any, ctx: RequestContext) -> Any:
+        return pb.ServerReadyResponse(ready=await self.dataplane.server_ready(ctx))
+
+    async def _ModelReady(self, request: Any, ctx: RequestContext) -> Any:
+        # Unknown models are "not ready" rather than an error, as Triton answers
+        # and as a readiness probe expects.
+        try:
+            ready = await self.dataplane.model_ready(request.name, request.version, ctx)
+        except GatewayError as error:
+            if error.kind is not ErrorKind.MODEL_NOT_FOUND:
+                raise
+            ready = False
+        return pb.ModelReadyResponse(ready=ready)
+
+    async def _ServerMetadata(self, request: Any, ctx: RequestContext) -> Any:
+        identity = self.services.identity
+        return codec.encode_server_metadata(identity.name, identity.version, [])
+
+    async def _ModelMetadata(self, request: Any, ctx: RequestContext) -> Any:
+        metadata = await self.dataplane.model_metadata(request.name, request.version, ctx)
+        return codec.encode_model_metadata(metadata)
+
+    async def _ModelInfer(self, request: Any, ctx: RequestContext) -> Any:
+        infer_request = codec.decode_infer_request(request, self.services.config.limits.max_tensor_elements)
+        response = await self.dataplane.infer(infer_request, ctx)
+        return codec.encode_infer_response(response, typed=self.options.output_contents == "typed")

@@ -1,0 +1,1 @@
+"""Generated from protos/ by `make protos`; never edited by hand."""

@@ -1,0 +1,72 @@
+"""The V2 gRPC message classes, built in a descriptor pool of our own.
+
+tritonclient.grpc, MLServer and KServe each register ``inference.*`` in
+protobuf's process-wide default pool; a second registration of the same
+names fails ("duplicate symbol"). Building our classes in a private pool
+lets the gateway share a process with any of them (tests, embedders, a
+plugin that imports tritonclient). The wire format is unaffected: messages
+serialize identically whichever pool made their class.
+
+The descriptor comes from protos/inference.proto via ``make protos``.
+The health and reflection files are added too, so the reflection service
+can describe every service the listener serves from this one pool.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any
+
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from grpc_health.v1 import health_pb2
+from grpc_reflection.v1alpha import reflection_pb2
+
+from gateway.protocols.v2_grpc.generated import inference_descriptor
+
+SERVICE = "inference.GRPCInferenceService"
+
+
+def _build_pool() -> descriptor_pool.DescriptorPool:
+    pool = descriptor_pool.DescriptorPool()
+    for serialized in (inference_descriptor.SERIALIZED, health_pb2.DESCRIPTOR.serialized_pb,
+                       reflection_pb2.DESCRIPTOR.serialized_pb):
+        pool.Add(descriptor_pb2.FileDescriptorProto.FromString(serialized))
+    return pool
+
+
+POOL = _build_pool()
+
+
+def _message(name: str) -> Any:
+    return message_factory.GetMessageClass(POOL.FindMessageTypeByName(f"inference.{name}"))
+
+
+ServerLiveRequest = _message("ServerLiveRequest")
+ServerLiveResponse = _message("ServerLiveResponse")
+ServerReadyRequest = _message("ServerReadyRequest")
+ServerReadyResponse = _message("ServerReadyResponse")
+ModelReadyRequest = _message("ModelReadyRequest")
+ModelReadyResponse = _message("ModelReadyResponse")
+ServerMetadataRequest = _message("ServerMetadataRequest")
+ServerMetadataResponse = _message("ServerMetadataResponse")
+ModelMetadataRequest = _message("ModelMetadataRequest")
+ModelMetadataResponse = _message("ModelMetadataResponse")
+ModelInferRequest = _message("ModelInferRequest")
+ModelInferResponse = _message("ModelInferResponse")
+InferParameter = _message("InferParameter")
+InferTensorContents = _message("InferTensorContents")
+
+# RPC name -> (request class, response class); the order of the service.
+METHODS: Mapping[str, tuple[Any, Any]] = MappingProxyType({
+    "ServerLive": (ServerLiveRequest, ServerLiveResponse),
+    "ServerReady": (ServerReadyRequest, ServerReadyResponse),
+    "ModelReady": (ModelReadyRequest, ModelReadyResponse),
+    "ServerMetadata": (ServerMetadataRequest, ServerMetadataResponse),
+    "ModelMetadata": (ModelMetadataRequest, ModelMetadataResponse),
+    "ModelInfer": (ModelInferRequest, ModelInferResponse),
+})
+
+
+def method_path(name: str) -> str:
+    return f"/{SERVICE}/{name}"

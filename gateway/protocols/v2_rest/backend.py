@@ -1,0 +1,200 @@
+"""V2 REST upstream client (aiohttp), JSON or Triton's binary extension.
+
+One keep-alive connection pool per endpoint. ``binary: auto`` asks the
+server's metadata (``GET /v2``) whether it lists ``binary_tensor_data``;
+when that cannot be read it tries binary and falls back to JSON once a
+server rejects binary with 400/415/422 (MLServer 1.7.1 answers 422), and
+remembers what worked.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+import aiohttp
+import orjson
+
+from gateway.confignode import Node
+from gateway.errors import ErrorKind, GatewayError
+from gateway.protocols.base import UpstreamClient
+from gateway.protocols.upstream import parse_response_limit, reading_reply, response_limit, too_large_reply
+from gateway.protocols.v2_rest import codec
+from gateway.types import InferRequest, InferResponse, ModelMetadata, RequestContext
+
+log = logging.getLogger(__name__)
+BINARY_EXTENSION = "binary_tensor_data"
+_REJECTS_BINARY = (400, 415, 422)  # how servers without the extension answer it
+_READ_CHUNK = 1 << 20
+# Idle pooled connections are dropped before common servers close them
+# (uvicorn, under MLServer and KServe, closes after 5 s): writing a request
+# onto a connection the server is closing fails mid-body.
+_IDLE_KEEPALIVE_S = 4.0
+
+
+@dataclass(frozen=True, slots=True)
+class RestUpstreamOptions:
+    binary: str = "auto"  # auto | always | never
+    max_connections: int = 64  # per endpoint
+    max_response_bytes: int | None = None  # None: 4 x limits.max_request_bytes
+
+
+@dataclass(slots=True)
+class Reply:
+    status: int
+    headers: Any
+    body: bytes
+
+
+class V2RestClient(UpstreamClient):
+    _session: aiohttp.ClientSession | None = None
+
+    @classmethod
+    def parse_options(cls, node: Node) -> RestUpstreamOptions:
+        return RestUpstreamOptions(
+            binary=node.choice("binary", ("auto", "always", "never"), "auto"),
+            max_connections=node.integer("max_connections", 64, minimum=1),
+            max_response_bytes=parse_response_limit(node),
+        )
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.options: RestUpstreamOptions = self.upstream.options or RestUpstreamOptions()
+        self.max_response = response_limit(self.options.max_response_bytes, self.services)
+        # Whether this endpoint takes binary tensors; None until learned.
+        self.binary: bool | None = {"always": True, "never": False}.get(self.options.binary)
+        self._asked_metadata = False
+
+    async def start(self) -> None:
+        connector = aiohttp.TCPConnector(limit=self.options.max_connections, keepalive_timeout=_IDLE_KEEPALIVE_S)
+        # No total timeout here: the data plane bounds every call by the route's deadline.
+        self._session = aiohttp.ClientSession(f"http://{self.endpoint}", connector=connector,
+                                              timeout=aiohttp.ClientTimeout(total=None, sock_connect=10))
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    # --- transport ---------------------------------------------------------------
+
+    async def _send(self, method: str, path: str, body: bytes | None = None,
+                    headers: dict[str, str] | None = None, ctx: RequestContext | None = None) -> Reply:
+        if self._session is None:
+            raise GatewayError(ErrorKind.INTERNAL, f"upstream {self.label} is not started")
+        # Tensors barely compress and the upstream is usually near: ask for
+        # none (MLServer would gzip every reply aiohttp's default accepts).
+        headers = {"Accept-Encoding": "identity", **(headers or {})}
+        if ctx is not None and ctx.request_id:
+            headers["x-request-id"] = ctx.request_id
+        try:
+            async with self._session.request(method, path, data=body, headers=headers) as response:
+                declared = response.content_length
+                if declared is not None and declared > self.max_response:
+                    raise too_large_reply(self.label, declared, self.max_response)
+                chunks, size = [], 0
+                async for chunk in response.content.iter_chunked(_READ_CHUNK):
+                    size += len(chunk)
+                    if size > self.max_response:
+                        raise too_large_reply(self.label, size, self.max_response)
+                    chunks.append(chunk)
+                return Reply(response.status, response.headers, b"".join(chunks))
+        except aiohttp.ClientConnectorError as exc:
+            reason = exc.os_error.strerror or str(exc.os_error)
+            raise GatewayError(ErrorKind.UPSTREAM_UNAVAILABLE,
+                               f"upstream {self.label} is unavailable: {reason}") from None
+        except aiohttp.ServerDisconnectedError:
+            raise GatewayError(ErrorKind.UPSTREAM_UNAVAILABLE,
+                               f"upstream {self.label} closed the connection without answering") from None
+        except aiohttp.ClientConnectionError as exc:
+            raise GatewayError(ErrorKind.UPSTREAM_UNAVAILABLE,
+                               f"connection to upstream {self.label} failed: {str(exc)[:200]}") from None
+        except aiohttp.ClientError as exc:  # aiohttp's text may quote the reply: name the failure only
+            raise GatewayError(ErrorKind.UPSTREAM_BAD_RESPONSE,
+                               f"upstream {self.label} sent an unreadable HTTP reply ({type(exc).__name__})") from None
+
+    def _error(self, reply: Reply) -> GatewayError:
+        return codec.decode_error(reply.status, reply.body, self.label)
+
+    @staticmethod
+    def _model_path(model: str, version: str) -> str:
+        path = f"/v2/models/{quote(model, safe='')}"
+        return path + f"/versions/{quote(version, safe='')}" if version else path
+
+    # --- binary or JSON ----------------------------------------------------------
+
+    async def _learn_binary(self, ctx: RequestContext) -> None:
+        """Read the server's extensions once; leave ``binary`` unknown if the
+        metadata cannot be read (then a failed attempt decides)."""
+        reply = await self._send("GET", "/v2", ctx=ctx)
+        if reply.status != 200:
+            return
+        try:
+            extensions = orjson.loads(reply.body).get("extensions")
+        except (orjson.JSONDecodeError, AttributeError):
+            return
+        if isinstance(extensions, list):
+            self.binary = BINARY_EXTENSION in extensions
+            log.info("upstream %s: binary tensor extension %s", self.label,
+                     "listed, sending binary" if self.binary else "not listed, sending JSON")
+
+    async def _infer_once(self, request: InferRequest, binary: bool, ctx: RequestContext) -> Reply:
+        body, headers = codec.encode_infer_request(request, binary)
+        path = self._model_path(request.model_name, request.model_version) + "/infer"
+        return await self._send("POST", path, body, headers, ctx)
+
+    # --- operations --------------------------------------------------------------
+
+    async def infer(self, request: InferRequest, ctx: RequestContext) -> InferResponse:
+        if self.binary is None and not self._asked_metadata:
+            await self._learn_binary(ctx)
+            self._asked_metadata = True
+        reply = await self._infer_once(request, self.binary is not False, ctx)
+        if self.binary is None:  # the metadata did not tell: learn from this attempt
+            if reply.status == 200:
+                self.binary = True
+            elif reply.status in _REJECTS_BINARY:
+                json_reply = await self._infer_once(request, False, ctx)
+                if json_reply.status == 200:
+                    log.info("upstream %s rejected binary tensors with %d; sending JSON from now on",
+                             self.label, reply.status)
+                    self.binary = False
+                reply = json_reply
+        if reply.status != 200:
+            raise self._error(reply)
+        with reading_reply(self.label):
+            return codec.decode_infer_response(reply.body, reply.headers.get(codec.HEADER_LENGTH),
+                                               self.services.config.limits.max_tensor_elements)
+
+    async def model_metadata(self, model: str, version: str, ctx: RequestContext) -> ModelMetadata:
+        reply = await self._send("GET", self._model_path(model, version), ctx=ctx)
+        if reply.status != 200:
+            raise self._error(reply)
+        with reading_reply(self.label):
+            return codec.decode_model_metadata(reply.body)
+
+    async def model_ready(self, model: str, version: str, ctx: RequestContext) -> bool:
+        reply = await self._send("GET", self._model_path(model, version) + "/ready", ctx=ctx)
+        if reply.status == 200:
+            return True
+        if reply.status in (400, 503):  # known but not ready (servers disagree on the code)
+            return False
+        raise self._error(reply)
+
+    async def server_ready(self, ctx: RequestContext) -> bool:
+        return (await self._send("GET", "/v2/health/ready", ctx=ctx)).status == 200
+
+    async def list_models(self, ctx: RequestContext) -> list[str]:
+        """The repository index (Triton's and MLServer's extension), if offered."""
+        reply = await self._send("POST", "/v2/repository/index", b"{}", {"Content-Type": codec.JSON_TYPE}, ctx)
+        if reply.status != 200:
+            return []
+        try:
+            entries = orjson.loads(reply.body)
+        except orjson.JSONDecodeError:
+            return []
+        if not isinstance(entries, list):
+            return []
+        return [e["name"] for e in entries if isinstance(e, dict) and isinstance(e.get("name"), str)]

@@ -1,0 +1,1 @@
+"""Real peers that tests start as separate processes (one module per peer)."""

@@ -1,0 +1,167 @@
+"""A real MLServer as a test peer: its own virtualenv, its own process.
+
+MLServer pins much of its stack (FastAPI, pydantic, ...) and registers
+``inference.*`` protobuf names, so it never shares the gateway's
+environment: it lives in ``.test-peers/mlserver-venv`` (created once,
+reused while its marker file names the same version) and runs as a
+separate process bound to 127.0.0.1 on free ports, hosting every model in
+``tests/peers/mlserver_models/`` (see the README there).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from support import REPO, free_port, wait_for
+
+MLSERVER_VERSION = "1.7.1"
+PEERS_DIR = REPO / ".test-peers"
+VENV = PEERS_DIR / "mlserver-venv"
+MODELS_DIR = Path(__file__).resolve().parent / "mlserver_models"
+MAX_MESSAGE_BYTES = 256 << 20  # MLServer's gRPC default (4 MiB) is too small for big tensors
+INSTALL_TIMEOUT = 900.0
+
+
+def ensure_venv() -> Path:
+    """The ``mlserver`` executable, installing it on first use."""
+    executable = VENV / "bin" / "mlserver"
+    marker = VENV / f".installed-mlserver-{MLSERVER_VERSION}"
+    if marker.exists():
+        return executable
+    PEERS_DIR.mkdir(exist_ok=True)
+    with open(PEERS_DIR / "mlserver-venv.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another test run may be installing it right now
+        if not marker.exists():
+            shutil.rmtree(VENV, ignore_errors=True)  # a half-made venv from an interrupted run
+            _run([sys.executable, "-m", "venv", str(VENV)], 120)
+            _run([str(VENV / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+                  f"mlserver=={MLSERVER_VERSION}"], INSTALL_TIMEOUT)
+            marker.write_text(MLSERVER_VERSION)
+    return executable
+
+
+def _run(command: list[str], timeout: float) -> None:
+    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    if result.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} failed with {result.returncode}:\n{result.stderr[-3000:]}")
+
+
+def model_names() -> list[str]:
+    return sorted(p.stem for p in MODELS_DIR.glob("*.py") if not p.stem.startswith("_"))
+
+
+def write_repository(root: Path, models: list[str], http_port: int, grpc_port: int, metrics_port: int) -> None:
+    """MLServer's settings.json and one folder per model."""
+    settings = {
+        "host": "127.0.0.1",
+        "http_port": http_port,
+        "grpc_port": grpc_port,
+        "metrics_port": metrics_port,
+        "metrics_dir": str(root / ".metrics"),
+        "parallel_workers": 0,  # models in the server process: faster start, fewer processes
+        "grpc_max_message_length": MAX_MESSAGE_BYTES,
+        "debug": False,
+    }
+    (root / "settings.json").write_text(json.dumps(settings, indent=2))
+    for name in models:
+        model_settings: dict[str, Any] = {"name": name, "implementation": f"{name}.Model"}
+        extra = MODELS_DIR / f"{name}.json"
+        if extra.exists():
+            model_settings.update(json.loads(extra.read_text()))
+        folder = root / name
+        folder.mkdir()
+        (folder / "model-settings.json").write_text(json.dumps(model_settings, indent=2))
+
+
+def _status(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except (urllib.error.URLError, OSError):
+        return 0
+
+
+class MLServerPeer:
+    """One MLServer process serving every test model over REST and gRPC."""
+
+    def __init__(self, workdir: Path, models: list[str] | None = None) -> None:
+        self.workdir = workdir
+        self.models = models or model_names()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.http_port = self.grpc_port = 0
+
+    @property
+    def rest_address(self) -> str:
+        return f"127.0.0.1:{self.http_port}"
+
+    @property
+    def grpc_address(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    def log(self) -> str:
+        path = self.workdir / "mlserver.log"
+        return path.read_text(errors="replace")[-5000:] if path.exists() else ""
+
+    def start(self, timeout: float = 120.0) -> MLServerPeer:
+        executable = ensure_venv()
+        self.http_port, self.grpc_port = free_port(), free_port()
+        write_repository(self.workdir, self.models, self.http_port, self.grpc_port, free_port())
+        env = {**os.environ, "PYTHONPATH": str(MODELS_DIR)}
+        with open(self.workdir / "mlserver.log", "wb") as log:
+            # Own session: MLServer may start helper processes; stop() ends the group it leads.
+            self.proc = subprocess.Popen([str(executable), "start", str(self.workdir)], cwd=self.workdir, env=env,
+                                         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+        def ready() -> bool:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"MLServer exited with {self.proc.returncode}:\n{self.log()}")
+            base = f"http://{self.rest_address}/v2"
+            return _status(f"{base}/health/ready") == 200 and all(
+                _status(f"{base}/models/{m}/ready") == 200 for m in self.models)
+
+        try:
+            wait_for(ready, timeout, "MLServer to load its models", interval=0.25)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+        try:  # helpers MLServer started and left behind, if any
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+@pytest.fixture(scope="session")
+def mlserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MLServerPeer]:
+    """One MLServer for the whole test session (it takes seconds to start)."""
+    peer = MLServerPeer(tmp_path_factory.mktemp("mlserver")).start()
+    try:
+        yield peer
+    finally:
+        peer.stop()
