@@ -1,11 +1,12 @@
 # Two entry points, each working on a fresh machine with only python3:
 #   make run   set up .venv and serve the embedded default config
 #   make test  set up .venv (with test extras) and run every test
+#   make bench the side-by-side benchmark suite (bench/results/latest.md)
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test setup check clean protos
+.PHONY: run test setup check clean protos bench
 
 $(BIN)/gateway: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +26,13 @@ test: setup
 # comes with the test extra); tests/test_grpc_protos.py checks it is current.
 protos: setup
 	$(BIN)/python protos/generate.py
+
+# Installs wrk and nginx (Debian) and matplotlib when missing, then runs every
+# scenario once; BENCH_ARGS='--quick' or '--only a,c' narrows it.
+bench: setup
+	bench/install_tools.sh
+	$(BIN)/pip install --quiet -e '.[fast,test,bench]'
+	$(BIN)/python bench/run.py $(BENCH_ARGS)
 
 check: setup
 	$(BIN)/gateway check --config config/gateway.yaml

@@ -16,9 +16,10 @@ import statistics
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -49,7 +50,7 @@ class Process:
                  cwd: Path | None = None) -> None:
         self.name = name
         self.log_path = log_dir / f"{name}.log"
-        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT,
                                      env={**os.environ, **(env or {})}, cwd=cwd or REPO,
                                      start_new_session=True)
@@ -137,10 +138,13 @@ def wrk(url: str, body: bytes, connections: int, seconds: float, threads: int = 
         body_path.write_bytes(body)
         script = Path(tmp) / "post.lua"
         script.write_text(_WRK_SCRIPT.replace("{body}", str(body_path)))
-        out = subprocess.run(
-            ["wrk", f"-t{threads}", f"-c{connections}", f"-d{seconds}s", "--timeout", "10s",
+        run = subprocess.run(
+            ["wrk", f"-t{threads}", f"-c{connections}", f"-d{max(1, round(seconds))}s", "--timeout", "10s",
              "-s", str(script), url],
-            capture_output=True, text=True, timeout=seconds + 60, check=True).stdout
+            capture_output=True, text=True, timeout=seconds + 60)
+        if run.returncode != 0:
+            raise RuntimeError(f"wrk failed ({run.returncode}): {run.stderr.strip()[:300]}")
+        out = run.stdout
     match = re.search(r"RESULT (\S+) (\S+) (\d+) (\d+) (\d+)", out)
     if not match:
         raise RuntimeError(f"wrk printed no result:\n{out}")
@@ -211,6 +215,8 @@ class Report:
         import matplotlib.pyplot as plt
 
         rows = [r for r in self.rows if r.values]
+        if not rows:
+            return
         fig, axes = plt.subplots(len(rows), 1, figsize=(8, 1.6 * len(rows) + 0.5), squeeze=False)
         for ax, row in zip(axes[:, 0], rows, strict=True):
             names = list(row.values)

@@ -61,7 +61,8 @@ async def timed(url: str, body: bytes, calls: int, force_close: bool) -> list[fl
 def describe(label: str, samples: list[float]) -> str:
     ms = sorted(s * 1000 for s in samples)
     p90 = ms[int(0.9 * len(ms))]
-    return f"{label:<44} median {statistics.median(ms):6.3f} ms   p90 {p90:6.3f} ms   mean {statistics.fmean(ms):6.3f} ms"
+    median, mean = statistics.median(ms), statistics.fmean(ms)
+    return f"{label:<44} median {median:6.3f} ms   p90 {p90:6.3f} ms   mean {mean:6.3f} ms"
 
 
 async def main(calls: int) -> None:

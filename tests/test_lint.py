@@ -13,7 +13,7 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_ruff() -> None:
-    result = _run("ruff", "check", "--output-format", "concise", "gateway", "tests")
+    result = _run("ruff", "check", "--output-format", "concise", "gateway", "tests", "bench", "protos")
     assert result.returncode == 0, result.stdout + result.stderr
 
 

@@ -1,0 +1,416 @@
+"""The side-by-side benchmark suite: every scenario in one run, ratios printed.
+
+Run: ``make bench`` (or ``.venv/bin/python bench/run.py [--quick] [--only a,b]``).
+Writes ``bench/results/latest.md`` and ``bench/results/latest.png``.
+
+Scenarios (issue #8):
+  a  small V2 REST JSON infer: direct MLServer vs gateway->MLServer vs nginx->MLServer
+  b  gateway REST on a builtin model vs MLServer REST on the same model (throughput)
+  c  16/64 MiB FP32: tritonclient binary REST -> gateway -> MLServer gRPC vs tritonclient gRPC direct
+  d  1M-element FP32 JSON infer: gateway vs MLServer
+  e  gRPC -> gRPC pass-through, UM-Bridge Evaluate (1 and 65,536 values): added latency
+  f  1 vs N gateway worker processes (throughput)
+
+The machine is small and shared: only ratios measured within one run count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+
+BENCH = Path(__file__).resolve().parent
+REPO = BENCH.parent
+sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(BENCH))
+
+from harness import Process, Report, Row, median_ms, timed, wait_port, wrk  # noqa: E402
+
+RESULTS = BENCH / "results"
+
+
+class Bench:
+    def __init__(self, workdir: Path, seconds: float, repeat: int) -> None:
+        self.workdir = workdir
+        self.seconds = seconds
+        self.repeat = repeat
+        self.report = Report()
+        self._mlserver: Any = None
+        self._processes: list[Process] = []
+
+    # --- peers ------------------------------------------------------------
+
+    @property
+    def mlserver(self) -> Any:
+        if self._mlserver is None:
+            from peers.mlserver import MLServerPeer
+
+            directory = self.workdir / "mlserver"
+            directory.mkdir()
+            self._mlserver = MLServerPeer(directory, ["simple", "identity_fp32"]).start()
+        return self._mlserver
+
+    def gateway(self, name: str, config: str, workers: int = 1) -> tuple[Process, dict[str, int]]:
+        path = self.workdir / f"{name}.yaml"
+        path.write_text(config)
+        port_file = self.workdir / f"{name}.ports.json"
+        args = [sys.executable, "-m", "gateway", "--log-level", "warning", "serve", "--config", str(path),
+                "--port-file", str(port_file)]
+        if workers > 1:
+            args += ["--workers", str(workers)]
+        proc = Process(name, args, self.workdir)
+        self._processes.append(proc)
+        deadline = time.monotonic() + 60
+        while not port_file.exists():
+            if proc.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"gateway {name} did not start:\n{proc.log_path.read_text()[-3000:]}")
+            time.sleep(0.05)
+        ports: dict[str, int] = json.loads(port_file.read_text())
+        for port in ports.values():
+            wait_port(port, proc=proc.proc)
+        return proc, ports
+
+    def nginx(self, upstream_port: int) -> int:
+        port = _free_port()
+        prefix = self.workdir / "nginx"
+        (prefix / "logs").mkdir(parents=True)
+        conf = prefix / "nginx.conf"
+        conf.write_text(f"""
+worker_processes 1;
+error_log {prefix}/logs/error.log warn;
+pid {prefix}/nginx.pid;
+events {{ worker_connections 1024; }}
+http {{
+  access_log off;
+  client_max_body_size 0;
+  client_body_temp_path {prefix}/body;
+  proxy_temp_path {prefix}/proxy;
+  fastcgi_temp_path {prefix}/fastcgi;
+  uwsgi_temp_path {prefix}/uwsgi;
+  scgi_temp_path {prefix}/scgi;
+  upstream mlserver {{ server 127.0.0.1:{upstream_port}; keepalive 32; }}
+  server {{
+    listen 127.0.0.1:{port};
+    location / {{
+      proxy_pass http://mlserver;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_buffering off;
+    }}
+  }}
+}}
+""")
+        proc = Process("nginx", ["nginx", "-p", str(prefix), "-c", str(conf), "-g", "daemon off;"], self.workdir)
+        self._processes.append(proc)
+        wait_port(port, proc=proc.proc)
+        return port
+
+    def close(self) -> None:
+        for proc in reversed(self._processes):
+            proc.stop()
+        if self._mlserver is not None:
+            self._mlserver.stop()
+
+    # --- scenarios --------------------------------------------------------
+
+    def scenario_a(self) -> None:
+        """Small JSON infer: what a hop costs, next to nginx's."""
+        ml = self.mlserver
+        _, gw = self.gateway("a", _proxy_config(f"v2-rest, endpoints: ['{ml.rest_address}'], binary: never"))
+        nginx_port = self.nginx(ml.http_port)
+        body = _simple_json()
+        urls = {
+            "direct": f"http://{ml.rest_address}/v2/models/simple/infer",
+            "gateway": f"http://127.0.0.1:{gw['rest']}/v2/models/simple/infer",
+            "nginx": f"http://127.0.0.1:{nginx_port}/v2/models/simple/infer",
+        }
+        latency = {name: wrk(url, body, 1, self.seconds) for name, url in urls.items()}
+        throughput = {name: wrk(url, body, 16, self.seconds, threads=2) for name, url in urls.items()}
+        _check_errors(latency, throughput)
+        added_gw = latency["gateway"].p50_ms - latency["direct"].p50_ms
+        added_nginx = latency["nginx"].p50_ms - latency["direct"].p50_ms
+        ratio = added_gw / added_nginx if added_nginx > 0 else float("inf")
+        self.report.add(Row("a", "p50 latency, concurrency 1", {k: v.p50_ms for k, v in latency.items()},
+                            ratio, "added p50 gateway/nginx <= 2", ratio <= 2, unit="ms",
+                            note=f"added: gateway {added_gw:.3f} ms, nginx {added_nginx:.3f} ms"))
+        self.report.add(Row("a", "p99 latency, concurrency 1", {k: v.p99_ms for k, v in latency.items()},
+                            unit="ms"))
+        self.report.add(Row("a", "throughput, concurrency 16",
+                            {k: v.requests_per_second for k, v in throughput.items()}, unit="req/s"))
+
+    def scenario_b(self) -> None:
+        """The same model behind each server's own REST frontend."""
+        ml = self.mlserver
+        _, gw = self.gateway("b", _builtin_config())
+        body = _simple_json()
+        gateway = wrk(f"http://127.0.0.1:{gw['rest']}/v2/models/simple/infer", body, 16, self.seconds, threads=2)
+        mlserver = wrk(f"http://{ml.rest_address}/v2/models/simple/infer", body, 16, self.seconds, threads=2)
+        _check_errors({"gateway": gateway, "mlserver": mlserver})
+        ratio = gateway.requests_per_second / mlserver.requests_per_second
+        self.report.add(Row("b", "throughput, builtin simple vs MLServer simple, concurrency 16",
+                            {"gateway": gateway.requests_per_second, "mlserver": mlserver.requests_per_second},
+                            ratio, "gateway/MLServer >= 3", ratio >= 3, unit="req/s"))
+
+    def scenario_c(self) -> None:
+        """Big binary tensors: tritonclient REST -> gateway -> MLServer gRPC."""
+        import tritonclient.grpc as grpcclient
+        import tritonclient.http as httpclient
+
+        ml = self.mlserver
+        config = _proxy_config(f"v2-grpc, endpoints: ['{ml.grpc_address}']", max_bytes="512MiB")
+        gw_proc, gw = self.gateway("c", config)
+        http = httpclient.InferenceServerClient(f"127.0.0.1:{gw['rest']}", network_timeout=300,
+                                                connection_timeout=300)
+        grpc = grpcclient.InferenceServerClient(ml.grpc_address)
+        for mib in (16, 64):
+            array = np.random.default_rng(mib).random(mib << 18, dtype=np.float32).reshape(1, -1)
+            baseline = gw_proc.rss_bytes()
+
+            def via_gateway(array: np.ndarray = array) -> None:
+                item = httpclient.InferInput("INPUT0", list(array.shape), "FP32")
+                item.set_data_from_numpy(array, binary_data=True)
+                out = http.infer("identity_fp32", [item]).as_numpy("OUTPUT0")
+                assert out is not None and out.shape == array.shape
+
+            def direct(array: np.ndarray = array) -> None:
+                item = grpcclient.InferInput("INPUT0", list(array.shape), "FP32")
+                item.set_data_from_numpy(array)
+                out = grpc.infer("identity_fp32", [item]).as_numpy("OUTPUT0")
+                assert out is not None and out.shape == array.shape
+
+            repeat = max(3, self.repeat // 4)
+            gateway_ms = median_ms(timed(via_gateway, repeat, warmup=1))
+            direct_ms = median_ms(timed(direct, repeat, warmup=1))
+            ratio = gateway_ms / direct_ms
+            self.report.add(Row("c", f"{mib} MiB FP32 time per request",
+                                {"tritonclient REST->gateway->MLServer gRPC": gateway_ms,
+                                 "tritonclient gRPC->MLServer": direct_ms},
+                                ratio, "via gateway/direct <= 1.3", ratio <= 1.3, unit="ms"))
+            growth = (gw_proc.rss_peak_bytes() - baseline) / array.nbytes
+            self.report.add(Row("c", f"{mib} MiB gateway peak RSS growth / payload", {"gateway": growth},
+                                growth, "<= 3", growth <= 3, unit="x"))
+        http.close()
+        grpc.close()
+
+    def scenario_d(self) -> None:
+        """1M-element FP32 JSON: decoding and encoding speed."""
+        import requests
+
+        ml = self.mlserver
+        _, gw = self.gateway("d", _builtin_config())
+        data = np.random.default_rng(1).random(1_000_000, dtype=np.float32)
+        body = orjson.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1_000_000],
+                                         "data": data}]}, option=orjson.OPT_SERIALIZE_NUMPY)
+        session = requests.Session()
+
+        def post(url: str) -> Callable[[], None]:
+            def call() -> None:
+                response = session.post(url, data=body, headers={"Content-Type": "application/json"})
+                response.raise_for_status()
+            return call
+
+        repeat = max(3, self.repeat // 4)
+        gateway_ms = median_ms(timed(post(f"http://127.0.0.1:{gw['rest']}/v2/models/identity/infer"), repeat))
+        mlserver_ms = median_ms(timed(post(f"http://{ml.rest_address}/v2/models/identity_fp32/infer"), repeat))
+        ratio = mlserver_ms / gateway_ms
+        self.report.add(Row("d", "1M FP32 JSON infer, time per request",
+                            {"gateway (builtin identity)": gateway_ms, "MLServer (identity)": mlserver_ms},
+                            ratio, "MLServer/gateway >= 5", ratio >= 5, unit="ms"))
+
+    def scenario_e(self) -> None:
+        """Added latency of a gRPC->gRPC hop and of a UM-Bridge hop."""
+        import tritonclient.grpc as grpcclient
+
+        from peers.umbridge_peer import UmbridgePeer
+
+        ml = self.mlserver
+        _, gw = self.gateway("e", _proxy_config(f"v2-grpc, endpoints: ['{ml.grpc_address}']"))
+        a = np.arange(16, dtype=np.int32).reshape(1, 16)
+
+        def grpc_call(client: Any) -> Callable[[], None]:
+            inputs = [grpcclient.InferInput(n, [1, 16], "INT32") for n in ("INPUT0", "INPUT1")]
+            for item in inputs:
+                item.set_data_from_numpy(a)
+            return lambda: client.infer("simple", inputs)
+
+        direct = grpcclient.InferenceServerClient(ml.grpc_address)
+        via = grpcclient.InferenceServerClient(f"127.0.0.1:{gw['grpc']}")
+        direct_ms = median_ms(timed(grpc_call(direct), self.repeat * 10, warmup=20))
+        via_ms = median_ms(timed(grpc_call(via), self.repeat * 10, warmup=20))
+        self.report.add(Row("e", "gRPC->gRPC simple, p50", {"direct": direct_ms, "via gateway": via_ms},
+                            via_ms - direct_ms, "added ms (reported)", unit="ms"))
+
+        umbridge_dir = self.workdir / "umbridge"
+        umbridge_dir.mkdir()
+        peer = UmbridgePeer(umbridge_dir).start()
+        try:
+            _, ugw = self.gateway("e-umbridge", _umbridge_config(peer.port))
+            import requests
+
+            session = requests.Session()
+            for n in (1, 65536):
+                payload = orjson.dumps({"name": "square", "input": [list(np.linspace(0, 1, n))],
+                                        "config": {"n": n}})
+
+                def evaluate(port: int, payload: bytes = payload) -> Callable[[], None]:
+                    def call() -> None:
+                        response = session.post(f"http://127.0.0.1:{port}/Evaluate", data=payload)
+                        response.raise_for_status()
+                        assert "output" in response.json()
+                    return call
+
+                repeat = self.repeat * (10 if n == 1 else 1)
+                direct_ms = median_ms(timed(evaluate(peer.port), repeat))
+                via_ms = median_ms(timed(evaluate(ugw["umbridge"]), repeat))
+                self.report.add(Row("e", f"UM-Bridge Evaluate, {n} values, p50",
+                                    {"direct": direct_ms, "via gateway": via_ms}, via_ms - direct_ms,
+                                    "added ms (reported)", unit="ms"))
+        finally:
+            peer.stop()
+
+    def scenario_f(self) -> None:
+        """Worker processes: 1 vs N on the builtin model."""
+        cores = os.cpu_count() or 1
+        workers = max(2, cores)
+        body = _simple_json()
+        results = {}
+        for count in (1, workers):
+            proc, gw = self.gateway(f"f{count}", _builtin_config(), workers=count)
+            results[count] = wrk(f"http://127.0.0.1:{gw['rest']}/v2/models/simple/infer", body, 32,
+                                 self.seconds, threads=2)
+            proc.stop()
+        _check_errors({str(k): v for k, v in results.items()})
+        scaling = results[workers].requests_per_second / (workers * results[1].requests_per_second)
+        self.report.add(Row("f", f"throughput, 1 vs {workers} workers",
+                            {f"{k} worker(s)": v.requests_per_second for k, v in results.items()},
+                            scaling, f"N workers >= 0.8 x N x one (N={workers})", scaling >= 0.8,
+                            unit="req/s", note=f"{cores} cores, shared with wrk"))
+
+
+# --- configs and bodies ------------------------------------------------------
+
+
+def _free_port() -> int:
+    from harness import free_port
+
+    return free_port()
+
+
+_LISTENERS = """
+admin: {{address: "127.0.0.1:0"}}
+limits: {{max_request_bytes: {max_bytes}}}
+listeners:
+  - {{name: rest, protocol: v2-rest, address: "127.0.0.1:0"}}
+  - {{name: grpc, protocol: v2-grpc, address: "127.0.0.1:0"}}
+"""
+
+
+def _proxy_config(upstream: str, max_bytes: str = "64MiB") -> str:
+    return _LISTENERS.format(max_bytes=max_bytes) + f"""
+upstreams:
+  - {{name: up, protocol: {upstream}}}
+routes:
+  - upstream: up
+"""
+
+
+def _builtin_config() -> str:
+    return _LISTENERS.format(max_bytes="64MiB") + """
+upstreams:
+  - {name: local, protocol: builtin}
+routes:
+  - upstream: local
+"""
+
+
+def _umbridge_config(port: int) -> str:
+    return f"""
+admin: {{address: "127.0.0.1:0"}}
+listeners:
+  - {{name: umbridge, protocol: umbridge, address: "127.0.0.1:0"}}
+upstreams:
+  - {{name: peer, protocol: umbridge, endpoints: ["127.0.0.1:{port}"], keepalive: true}}
+routes:
+  - upstream: peer
+"""
+
+
+def _simple_json() -> bytes:
+    a = list(range(16))
+    return orjson.dumps({"inputs": [
+        {"name": "INPUT0", "datatype": "INT32", "shape": [1, 16], "data": a},
+        {"name": "INPUT1", "datatype": "INT32", "shape": [1, 16], "data": a}]})
+
+
+def _check_errors(*groups: dict[str, Any]) -> None:
+    for group in groups:
+        for name, result in group.items():
+            if result.errors:
+                raise RuntimeError(f"{name}: {result.errors} failed requests of {result.requests}")
+
+
+def _machine() -> str:
+    cpu = "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    load = os.getloadavg()[0]
+    return (f"{platform.system()} {platform.machine()}, {os.cpu_count()} cores ({cpu}), "
+            f"Python {platform.python_version()}, load average at start {load:.2f}")
+
+
+@contextmanager
+def _bench(seconds: float, repeat: int) -> Iterator[Bench]:
+    with tempfile.TemporaryDirectory(prefix="gw-bench-") as tmp:
+        bench = Bench(Path(tmp), seconds, repeat)
+        try:
+            yield bench
+        finally:
+            bench.close()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", default="abcdef", help="scenarios to run, e.g. 'a,c' (default: all)")
+    parser.add_argument("--quick", action="store_true", help="short runs (smoke test of the suite)")
+    args = parser.parse_args()
+    seconds, repeat = (2.0, 8) if args.quick else (8.0, 20)
+    wanted = [s for s in args.only.replace(",", "") if s in "abcdef"]
+    started = time.time()
+    with _bench(seconds, repeat) as bench:
+        for name in wanted:
+            scenario: Callable[[], None] = getattr(bench, f"scenario_{name}")
+            try:
+                scenario()
+            except Exception as exc:  # one failed scenario must not hide the others' numbers
+                bench.report.add(Row(name, f"FAILED: {type(exc).__name__}: {str(exc)[:200]}", {}))
+        report = bench.report
+    RESULTS.mkdir(exist_ok=True)
+    command = "make bench" + (" BENCH_ARGS='--quick'" if args.quick else "")
+    header = (f"# Benchmark results\n\nCommand: `{command}`  \nMachine: {_machine()}  \n"
+              f"Run: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(started))}, "
+              f"{time.time() - started:.0f} s; load {seconds:g} s per wrk run")
+    (RESULTS / "latest.md").write_text(report.markdown(header))
+    report.plot(RESULTS / "latest.png")
+    print(f"\nwrote {RESULTS / 'latest.md'} and {RESULTS / 'latest.png'}")
+    return 0 if all(r.values for r in report.rows) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
