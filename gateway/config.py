@@ -117,6 +117,26 @@ class AdminConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class AccessLogConfig:
+    enabled: bool = True
+    format: str = "plain"  # "plain" (key=value) | "json"
+    destination: str = "stdout"  # "stdout" | "stderr" | a file path (appended)
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsConfig:
+    # Distinct model names used as label values; later names collapse to
+    # gateway.metrics.OTHER_MODEL so a client cannot explode cardinality.
+    max_model_labels: int = 100
+
+
+@dataclass(frozen=True, slots=True)
+class ObservabilityConfig:
+    access_log: AccessLogConfig = AccessLogConfig()
+    metrics: MetricsConfig = MetricsConfig()
+
+
+@dataclass(frozen=True, slots=True)
 class GatewayConfig:
     listeners: tuple[ListenerConfig, ...]
     upstreams: tuple[UpstreamConfig, ...]
@@ -125,6 +145,7 @@ class GatewayConfig:
     limits: Limits = Limits()
     server: ServerIdentity = ServerIdentity()
     source: str = "<embedded>"
+    observability: ObservabilityConfig = ObservabilityConfig()
 
     def upstream(self, name: str) -> UpstreamConfig:
         return next(u for u in self.upstreams if u.name == name)
@@ -222,6 +243,21 @@ def _unique(node: Node, names: list[str | None], what: str) -> None:
         seen.add(name)
 
 
+def _observability(node: Node) -> ObservabilityConfig:
+    log_node = node.child("access_log", {})
+    access_log = AccessLogConfig(
+        enabled=log_node.flag("enabled", True),
+        format=log_node.choice("format", ("plain", "json"), "plain"),
+        destination=log_node.string("destination", "stdout"),
+    )
+    log_node.check_no_unknown_keys()
+    metrics_node = node.child("metrics", {})
+    metrics = MetricsConfig(max_model_labels=metrics_node.integer("max_model_labels", 100, minimum=0))
+    metrics_node.check_no_unknown_keys()
+    node.check_no_unknown_keys()
+    return ObservabilityConfig(access_log, metrics)
+
+
 def parse_config(data: Any, source: str = "<string>") -> GatewayConfig:
     problems: list[str] = []
     root = Node(_expand_tree(data, "", problems), "", problems)
@@ -282,10 +318,13 @@ def parse_config(data: Any, source: str = "<string>") -> GatewayConfig:
         if upstream:
             routes.append(RouteConfig(match, upstream, rewrite, timeout, options))
 
+    observability = _observability(root.child("observability", {}))
+
     root.check_no_unknown_keys()
     if problems:
         raise ConfigError(problems)
-    return GatewayConfig(tuple(listeners), tuple(upstreams), tuple(routes), admin, limits, server, source)
+    return GatewayConfig(tuple(listeners), tuple(upstreams), tuple(routes), admin, limits, server, source,
+                         observability=observability)
 
 
 def load_config(path: str | Path | None = None) -> GatewayConfig:

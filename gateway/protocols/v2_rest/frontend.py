@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
 
 from gateway.errors import ErrorKind, GatewayError
-from gateway.httpserver import REQUEST_ID_HEADER, HttpFrontend, read_body, request_context
+from gateway.httpserver import REQUEST_ID_HEADER, HttpFrontend, note_error, read_body, request_context
 from gateway.protocols.v2_rest import codec
 
 log = logging.getLogger(__name__)
@@ -31,6 +32,7 @@ async def v2_errors(request: web.Request, handler: Handler) -> web.StreamRespons
     try:
         return await handler(request)
     except GatewayError as error:
+        note_error(request, error)
         return error_response(error)
     except web.HTTPException as exc:
         if exc.status < 400:
@@ -43,7 +45,9 @@ async def v2_errors(request: web.Request, handler: Handler) -> web.StreamRespons
         return web.Response(status=exc.status, body=body, content_type=codec.JSON_TYPE)
     except Exception:
         log.exception("unhandled error on %s %s", request.method, request.path)
-        return error_response(GatewayError(ErrorKind.INTERNAL, "internal error"))
+        internal = GatewayError(ErrorKind.INTERNAL, "internal error")
+        note_error(request, internal)
+        return error_response(internal)
 
 
 class V2RestFrontend(HttpFrontend):
@@ -97,10 +101,14 @@ class V2RestFrontend(HttpFrontend):
         ctx = self._ctx(request)
         body = await read_body(request, self.max_body)
         limits = self.services.config.limits
+        started = time.perf_counter()
         infer_request = codec.decode_infer_request(
             body, request.headers.get(codec.HEADER_LENGTH), model, version, limits.max_tensor_elements)
+        ctx.record.decode_seconds = time.perf_counter() - started
         response = await self.dataplane.infer(infer_request, ctx)
+        started = time.perf_counter()
         payload, headers = codec.encode_infer_response(response, infer_request)
+        ctx.record.encode_seconds = time.perf_counter() - started
         headers[REQUEST_ID_HEADER] = ctx.request_id
         reply = web.Response(body=payload, headers=headers)
         accepted = request.headers.get("Accept-Encoding", "").lower()
