@@ -19,6 +19,7 @@ run: setup
 	$(BIN)/gateway serve
 
 test: setup
+	sh scripts/ensure-prometheus.sh
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 check: setup

@@ -44,7 +44,7 @@ def new_request_id() -> str:
 
 def accept_request_id(value: str | None) -> str:
     """The client's request id if it is safe to echo, else a fresh one."""
-    if value and _REQUEST_ID.match(value):
+    if value and _REQUEST_ID.fullmatch(value):
         return value
     return new_request_id()
 
@@ -54,7 +54,7 @@ def accept_traceparent(value: str | None) -> str:
     (W3C: a malformed traceparent must not be propagated)."""
     if not value or len(value) > 512:
         return ""
-    match = _TRACEPARENT.match(value)
+    match = _TRACEPARENT.fullmatch(value)
     if match is None or value.startswith("ff") or (value.startswith("00") and len(value) != 55):
         return ""
     if set(match.group(1)) == {"0"} or set(match.group(2)) == {"0"}:
@@ -64,7 +64,7 @@ def accept_traceparent(value: str | None) -> str:
 
 def accept_tracestate(value: str | None, traceparent: str) -> str:
     """``tracestate`` travels only with a valid ``traceparent``."""
-    if not traceparent or not value or len(value) > MAX_TRACESTATE_CHARS or not _TRACESTATE.match(value):
+    if not traceparent or not value or len(value) > MAX_TRACESTATE_CHARS or not _TRACESTATE.fullmatch(value):
         return ""
     return value
 
