@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import time
 from typing import Any
 
@@ -25,23 +26,39 @@ log = logging.getLogger(__name__)
 # Longest error text and path a line carries.
 MAX_ERROR_CHARS = 300
 MAX_PATH_CHARS = 256
-_SAFE_PLAIN = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.:/@[]#*+,%")
+_SAFE_PLAIN = re.compile(r"[A-Za-z0-9._:/@\[\]#*+,%-]+")
 
 
-def _plain_value(value: Any) -> str:
-    if isinstance(value, str):
-        if value and all(c in _SAFE_PLAIN for c in value):
-            return value
-        return orjson.dumps(value).decode() if value else '""'  # quoted, escaped: no forged lines
-    return str(value)
+def _plain(fields: dict[str, Any]) -> bytes:
+    """``key=value`` pairs; a string with anything but safe characters is
+    JSON-quoted, so a newline or quote in a model name cannot forge a line."""
+    parts = []
+    for key, value in fields.items():
+        if type(value) is str and not _SAFE_PLAIN.fullmatch(value):
+            value = orjson.dumps(value).decode() if value else "-"
+        parts.append(f"{key}={value}")
+    return (" ".join(parts) + "\n").encode()
 
 
 def _ms(seconds: float) -> float:
     return round(seconds * 1000.0, 3)
 
 
-def _timestamp(now: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z"
+class _Clock:
+    """RFC 3339 UTC timestamps with milliseconds; the seconds part is
+    formatted once per second, not once per line."""
+
+    __slots__ = ("_prefix", "_second")
+
+    def __init__(self) -> None:
+        self._second = -1
+        self._prefix = ""
+
+    def format(self, now: float) -> str:
+        second = int(now)
+        if second != self._second:
+            self._second, self._prefix = second, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+        return f"{self._prefix}.{int((now - second) * 1000):03d}Z"
 
 
 class AccessLog:
@@ -52,6 +69,7 @@ class AccessLog:
         self.format = fmt
         self.worker = worker
         self._owns_fd = owns_fd
+        self._clock = _Clock()
         self.dropped = 0  # lines lost to write errors (a full disk must not fail requests)
 
     @classmethod
@@ -70,7 +88,7 @@ class AccessLog:
     def fields(self, ctx: RequestContext, duration: float, now: float) -> dict[str, Any]:
         r: RequestRecord = ctx.record
         fields: dict[str, Any] = {
-            "ts": _timestamp(now),
+            "ts": self._clock.format(now),
             "request_id": ctx.request_id,
             "trace_id": trace_id(ctx.traceparent),
             "listener": ctx.listener,
@@ -104,8 +122,7 @@ class AccessLog:
         fields = self.fields(ctx, duration, now)
         if self.format == "json":
             return orjson.dumps(fields) + b"\n"
-        text = " ".join(f"{key}={_plain_value(value) if value != '' else '-'}" for key, value in fields.items())
-        return text.encode() + b"\n"
+        return _plain(fields)
 
     def write(self, ctx: RequestContext, duration: float) -> None:
         if self.fd is None:
