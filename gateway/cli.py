@@ -67,7 +67,10 @@ async def _serve(config: GatewayConfig, port_file: Path | None, worker: int | No
     from gateway.supervisor import MULTIPROC_ENV
 
     multiprocess_dir = os.environ.get(MULTIPROC_ENV) if worker is not None else None
-    gateway = Gateway(config, worker=worker, multiprocess_dir=multiprocess_dir)
+    try:
+        gateway = Gateway(config, worker=worker, multiprocess_dir=multiprocess_dir)
+    except OSError as exc:  # e.g. an access-log file that cannot be opened
+        raise SystemExit(f"gateway: cannot start: {exc}") from None
     if restarted:
         gateway.services.metrics.record_worker_restart()
     loop = asyncio.get_running_loop()
@@ -115,8 +118,10 @@ def main(argv: list[str] | None = None) -> int:
         for line in RouteTable(config).describe():
             print(line)
         return 0
+    from gateway.supervisor import worker_count
+
     try:
-        workers = _workers(args.workers)
+        workers = worker_count(args.workers)
     except ValueError as exc:
         print(f"gateway: --workers {args.workers}: {exc}", file=sys.stderr)
         return 2
@@ -136,11 +141,3 @@ def main(argv: list[str] | None = None) -> int:
     asyncio.run(_serve(config, args.port_file, args.worker_index, args.worker_restarted))
     return 0
 
-
-def _workers(text: str) -> int:
-    from gateway.supervisor import worker_count
-
-    try:
-        return worker_count(text)
-    except ValueError as exc:
-        raise ValueError(str(exc) if "at least" in str(exc) else "must be a positive integer or 'auto'") from None

@@ -173,6 +173,8 @@ class RecordingAccessLogger(AbstractAccessLogger):
     """aiohttp calls this once the response is sent (or the send failed):
     the moment sizes and the full duration are known."""
 
+    services: Any = None  # set per frontend by access_logger_class
+
     def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
         ctx = request.get(CONTEXT)
         if ctx is None or ctx.record.finished:
@@ -188,8 +190,6 @@ class RecordingAccessLogger(AbstractAccessLogger):
         length = response.content_length
         record.response_bytes = length if length is not None else response.body_length
         finish_request(self.services, ctx)
-
-    services: Any = None
 
 
 def access_logger_class(services: Any) -> type[AbstractAccessLogger]:

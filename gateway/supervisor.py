@@ -52,10 +52,9 @@ def worker_count(text: str) -> int:
     """``--workers`` value: a positive integer or ``auto`` (usable CPUs)."""
     if text == "auto":
         return max(1, len(os.sched_getaffinity(0)))
-    count = int(text)
-    if count < 1:
-        raise ValueError("must be at least 1")
-    return count
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError("must be a positive integer or 'auto'")
+    return int(text)
 
 
 def worker_config(config: GatewayConfig, ports: dict[str, int]) -> GatewayConfig:

@@ -118,3 +118,13 @@ routes:
   - match: {model: "*"}
     upstream: local
 """
+
+# `.format(log=path)`: one JSON access-log line per request into that file.
+JSON_ACCESS_LOG_CONFIG = """
+observability:
+  access_log: {{format: json, destination: "{log}"}}
+"""
+
+SIMPLE_INFER_REQUEST = {"inputs": [
+    {"name": "INPUT0", "datatype": "INT32", "shape": [1, 16], "data": list(range(16))},
+    {"name": "INPUT1", "datatype": "INT32", "shape": [1, 16], "data": [1] * 16}]}

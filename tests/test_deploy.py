@@ -256,12 +256,15 @@ def test_dockerfile_is_slim_non_root_exec_form_and_health_checked() -> None:
     health = re.match(r"(--\S+\s+)*CMD\s+(\[.*\])$", args["HEALTHCHECK"])
     assert health and "/healthz" in health.group(2) and json.loads(health.group(2))[0] == "python"
     assert {"8000", "8002"} <= set(args["EXPOSE"].split())
-    ignore = (DEPLOY / "Dockerfile.dockerignore").read_text().splitlines()
+    lines = (DEPLOY / "Dockerfile.dockerignore").read_text().splitlines()
+    assert lines[lines.index("*") - 1].startswith("#") or lines[0] == "*"  # everything is ignored first...
+    included = [line[1:].rstrip("/") for line in lines if line.startswith("!")]  # ...then these come back
     for op, arg in instructions:  # every file copied from the context exists and is not ignored
         if op == "COPY" and not arg.startswith("--from"):
             for source in arg.split()[:-1]:
-                assert (REPO / source).exists(), source
-                assert f"!{source.rstrip('/')}" in ignore or f"!{source}" in ignore, source
+                source = source.rstrip("/")
+                assert (REPO / source).exists() and not (REPO / source).is_symlink(), source
+                assert any(source == p or source.startswith(p + "/") for p in included), source
 
 
 def test_image_entrypoint_command_is_the_real_cli(tmp_path: Path) -> None:

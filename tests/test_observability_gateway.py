@@ -17,27 +17,23 @@ import tritonclient.http as httpclient
 from prometheus_client.parser import text_string_to_metric_families
 
 from peers.prometheus import PrometheusServer, promtool
-from support import GatewayProcess, wait_for, write_config
+from support import (
+    BUILTIN_REST_CONFIG,
+    JSON_ACCESS_LOG_CONFIG,
+    SIMPLE_INFER_REQUEST,
+    GatewayProcess,
+    wait_for,
+    write_config,
+)
 
 SECRET = "s3cr3t-value-never-shown"
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
-CONFIG = """
-admin: {address: "127.0.0.1:0"}
-observability:
-  access_log: {format: json, destination: "%(log)s"}
-listeners:
-  - {name: rest, protocol: v2-rest, address: "127.0.0.1:0"}
-upstreams:
-  - {name: local, protocol: builtin}
-routes:
+# The builtin config with a first route whose header matcher holds a secret.
+CONFIG = BUILTIN_REST_CONFIG.replace("routes:\n", """routes:
   - match: {model: simple, headers: {x-api-key: "${GW_TEST_SECRET}"}}
     upstream: local
-  - match: {model: "*"}
-    upstream: local
-"""
-SIMPLE = {"inputs": [
-    {"name": "INPUT0", "datatype": "INT32", "shape": [1, 16], "data": list(range(16))},
-    {"name": "INPUT1", "datatype": "INT32", "shape": [1, 16], "data": [1] * 16}]}
+""")
+SIMPLE = SIMPLE_INFER_REQUEST
 
 
 class Gateway:
@@ -47,13 +43,18 @@ class Gateway:
         self.rest = f"http://{process.url('rest')}"
         self.admin = f"http://{process.url('admin')}"
 
-    def log_lines(self, expected: int = 0) -> list[dict[str, Any]]:
+    def log_lines(self, *request_ids: str) -> list[dict[str, Any]]:
+        """All access-log lines, once those of ``request_ids`` are there."""
         def lines() -> list[dict[str, Any]]:
             text = self.access_log.read_text() if self.access_log.exists() else ""
             return [json.loads(line) for line in text.splitlines()]
 
-        # the line is written once the response has left, a moment after the client saw it
-        return wait_for(lambda: (found := lines()) and len(found) >= expected and found, 5, "access-log lines")
+        def complete() -> list[dict[str, Any]] | None:
+            found = lines()
+            return found if set(request_ids) <= {line["request_id"] for line in found} else None
+
+        # a line is written once the response has left, a moment after the client saw it
+        return wait_for(complete, 5, f"access-log lines of {request_ids}")  # type: ignore[no-any-return]
 
     def metrics(self) -> str:
         response = requests.get(f"{self.admin}/metrics", timeout=5)
@@ -66,7 +67,7 @@ class Gateway:
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     directory = tmp_path_factory.mktemp("obs")
     access_log = directory / "access.jsonl"
-    config = write_config(directory, CONFIG % {"log": access_log})
+    config = write_config(directory, CONFIG + JSON_ACCESS_LOG_CONFIG.format(log=access_log))
     with GatewayProcess(config, directory / "gateway.log", extra_env={"GW_TEST_SECRET": SECRET}) as process:
         yield Gateway(process, access_log)
 
@@ -122,7 +123,8 @@ def test_request_id_and_trace_context_echoed_on_every_answer(gateway: Gateway) -
     hostile = requests.get(gateway.rest + "/v2", headers={"x-request-id": "x" * 500, "traceparent": "junk"},
                            timeout=5)
     assert len(hostile.headers["x-request-id"]) == 32 and "traceparent" not in hostile.headers
-    logged = {line["request_id"]: line for line in gateway.log_lines()}
+    logged = {line["request_id"]: line for line in gateway.log_lines(
+        *(f"client-id-{i}" for i in range(len(calls))), *generated)}
     for i, (_method, path) in enumerate(calls):
         line = logged[f"client-id-{i}"]
         assert line["trace_id"] == TRACEPARENT[3:35] and line["path"] == path
@@ -139,7 +141,7 @@ def test_access_log_line_per_request_without_tensor_data(gateway: Gateway) -> No
     reply = requests.post(f"{gateway.rest}/v2/models/identity/infer", data=body,
                           headers={"x-request-id": "tensor-check", "x-api-key": SECRET}, timeout=5)
     assert reply.status_code == 200 and str(marker) in reply.text
-    lines = [line for line in gateway.log_lines() if line["request_id"] == "tensor-check"]
+    lines = [line for line in gateway.log_lines("tensor-check") if line["request_id"] == "tensor-check"]
     assert len(lines) == 1
     line = lines[0]
     assert (line["listener"], line["protocol"], line["operation"]) == ("rest", "v2-rest", "infer")

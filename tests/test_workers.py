@@ -16,23 +16,15 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from support import REPO, GatewayProcess, wait_for, write_config
-
-CONFIG = """
-admin: {address: "127.0.0.1:0"}
-observability:
-  access_log: {format: json, destination: "%(log)s"}
-listeners:
-  - {name: rest, protocol: v2-rest, address: "127.0.0.1:0"}
-upstreams:
-  - {name: local, protocol: builtin}
-routes:
-  - match: {model: "*"}
-    upstream: local
-"""
-SIMPLE = {"inputs": [
-    {"name": "INPUT0", "datatype": "INT32", "shape": [1, 16], "data": list(range(16))},
-    {"name": "INPUT1", "datatype": "INT32", "shape": [1, 16], "data": [1] * 16}]}
+from support import (
+    BUILTIN_REST_CONFIG,
+    JSON_ACCESS_LOG_CONFIG,
+    REPO,
+    SIMPLE_INFER_REQUEST,
+    GatewayProcess,
+    wait_for,
+    write_config,
+)
 
 
 def children(pid: int) -> list[int]:
@@ -64,8 +56,8 @@ class Workers:
 
     def infer(self, count: int) -> None:
         for _ in range(count):  # a new connection each time, so the kernel spreads them
-            reply = requests.post(f"http://{self.process.url('rest')}/v2/models/simple/infer", json=SIMPLE,
-                                  timeout=5, headers={"Connection": "close"})
+            reply = requests.post(f"http://{self.process.url('rest')}/v2/models/simple/infer",
+                                  json=SIMPLE_INFER_REQUEST, timeout=5, headers={"Connection": "close"})
             assert reply.status_code == 200
 
     def metric(self, name: str, **labels: str) -> float:
@@ -86,7 +78,7 @@ class Workers:
 @pytest.fixture
 def workers(tmp_path: Path) -> Iterator[Workers]:
     access_log = tmp_path / "access.jsonl"
-    config = write_config(tmp_path, CONFIG % {"log": access_log})
+    config = write_config(tmp_path, BUILTIN_REST_CONFIG + JSON_ACCESS_LOG_CONFIG.format(log=access_log))
     process = GatewayProcess(config, tmp_path / "gateway.log", extra_args=["--workers", "2"])
     with process:
         wait_for(lambda: len(children(process.proc.pid)) == 2, 10, "two workers")  # type: ignore[union-attr]
@@ -150,8 +142,8 @@ def test_port_taken_by_another_program_is_an_error(tmp_path: Path) -> None:
         other.bind(("127.0.0.1", 0))
         other.listen()
         port = other.getsockname()[1]
-        config = write_config(tmp_path, CONFIG.replace('"127.0.0.1:0"}\nupstreams', f'"127.0.0.1:{port}"}}\nupstreams')
-                              % {"log": tmp_path / "a.jsonl"})
+        config = write_config(tmp_path, BUILTIN_REST_CONFIG.replace(
+            'v2-rest, address: "127.0.0.1:0"', f'v2-rest, address: "127.0.0.1:{port}"'))
         for workers in ("1", "2"):  # neither mode silently shares a port with a stranger
             result = subprocess.run([sys.executable, "-m", "gateway", "serve", "--config", str(config),
                                      "--workers", workers], cwd=REPO, capture_output=True, text=True, timeout=30)
