@@ -19,6 +19,7 @@ from gateway.confignode import ConfigError, Node, expand_env
 
 DEFAULT_MAX_REQUEST_BYTES = 64 << 20
 DEFAULT_CONFIG_RESOURCE = "default_config.yaml"
+DEFAULT_OTLP_ENDPOINT = "http://127.0.0.1:4318/v1/traces"
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,9 +132,18 @@ class MetricsConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class TracingConfig:
+    enabled: bool = False  # needs the `tracing` extra (OpenTelemetry SDK)
+    endpoint: str = DEFAULT_OTLP_ENDPOINT  # OTLP/HTTP (protobuf)
+    service_name: str = "inference-gateway"
+    sample_ratio: float = 1.0  # of new traces; a client's sampled flag is honoured
+
+
+@dataclass(frozen=True, slots=True)
 class ObservabilityConfig:
     access_log: AccessLogConfig = AccessLogConfig()
     metrics: MetricsConfig = MetricsConfig()
+    tracing: TracingConfig = TracingConfig()
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,8 +264,23 @@ def _observability(node: Node) -> ObservabilityConfig:
     metrics_node = node.child("metrics", {})
     metrics = MetricsConfig(max_model_labels=metrics_node.integer("max_model_labels", 100, minimum=0))
     metrics_node.check_no_unknown_keys()
+    tracing_node = node.child("tracing", {})
+    tracing = TracingConfig(
+        enabled=tracing_node.flag("enabled", False),
+        endpoint=tracing_node.string("endpoint", DEFAULT_OTLP_ENDPOINT),
+        service_name=tracing_node.string("service_name", "inference-gateway"),
+        sample_ratio=tracing_node.get("sample_ratio", float, 1.0),
+    )
+    if not 0.0 <= tracing.sample_ratio <= 1.0:
+        tracing_node.error("must be between 0 and 1", "sample_ratio")
+    if tracing.enabled:
+        from gateway.tracing import EXTRA_HINT, sdk_available
+
+        if not sdk_available():
+            tracing_node.error(f"needs the OpenTelemetry SDK; {EXTRA_HINT}", "enabled")
+    tracing_node.check_no_unknown_keys()
     node.check_no_unknown_keys()
-    return ObservabilityConfig(access_log, metrics)
+    return ObservabilityConfig(access_log, metrics, tracing)
 
 
 def parse_config(data: Any, source: str = "<string>") -> GatewayConfig:

@@ -141,6 +141,7 @@ def observing_middleware(frontend: Frontend) -> Callable[..., Awaitable[web.Stre
     listener, protocol = frontend.listener.name, frontend.listener.protocol
     in_flight = frontend.services.metrics.requests_in_flight(listener, protocol)
     services = frontend.services
+    tracing = services.tracing
 
     @web.middleware
     async def observe(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -150,6 +151,8 @@ def observing_middleware(frontend: Frontend) -> Callable[..., Awaitable[web.Stre
         record = ctx.record
         record.operation = _operation(request)
         record.method, record.path, record.peer = request.method, request.path, request.remote or ""
+        if tracing is not None:
+            tracing.start(ctx)
         in_flight.inc()
         try:
             response = await handler(request)

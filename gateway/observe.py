@@ -101,6 +101,7 @@ class RequestRecord:
     decode_seconds: float = 0.0  # frontend translation: wire -> canonical
     encode_seconds: float = 0.0  # frontend translation: canonical -> wire
     finished: bool = False
+    span: Any = None  # the OpenTelemetry server span, when tracing is on
 
     def fail(self, kind: str, message: str) -> None:
         """Note the error the client is answered with (first one wins)."""
@@ -126,3 +127,5 @@ def finish_request(services: Any, ctx: Any) -> None:
     duration = time.monotonic() - ctx.started
     services.metrics.observe_request(ctx.listener, ctx.protocol, record, duration)
     services.access_log.write(ctx, duration)
+    if record.span is not None:
+        services.tracing.finish(ctx)

@@ -18,6 +18,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.protocols import registry
 from gateway.protocols.base import Frontend
 from gateway.proxy import DataPlane
+from gateway.tracing import Tracing
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +36,7 @@ class GatewayServices:
     # and ("grpc.so_reuseport", 0) otherwise, since grpc defaults it on).
     reuse_port: bool = False
     worker: int | None = None  # worker index under a supervisor
+    tracing: Tracing | None = None  # OpenTelemetry, when observability.tracing.enabled
 
 
 def build_metrics(config: GatewayConfig, version: str, registry: CollectorRegistry | None = None,
@@ -58,7 +60,9 @@ class Gateway:
             config, ServerIdentity(config.server.name, version),
             metrics=build_metrics(config, version, registry, multiprocess_dir),
             access_log=AccessLog.open(config.observability.access_log, worker),
-            reuse_port=worker is not None, worker=worker)
+            reuse_port=worker is not None, worker=worker,
+            tracing=Tracing(config.observability.tracing, version, worker)
+            if config.observability.tracing.enabled else None)
         self.dataplane = DataPlane(config, self.services)
         self.frontends: dict[str, Frontend] = {}
         self._admin: web.AppRunner | None = None
@@ -90,6 +94,8 @@ class Gateway:
             self._admin = None
         await self.dataplane.close()
         self.services.access_log.close()
+        if self.services.tracing is not None:
+            self.services.tracing.close()
         self._stopped.set()
 
     async def run_until_signalled(self) -> None:
