@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -117,10 +118,15 @@ def test_crashed_worker_is_restarted_and_its_counts_survive(workers: Workers) ->
     assert "exited with signal 9; restarting" in workers.process.log()
 
 
+def run_dir_of(worker: int) -> Path:
+    """The supervisor's per-run directory, read from a worker's command line."""
+    command_line = Path(f"/proc/{worker}/cmdline").read_bytes().split(b"\0")
+    return Path(command_line[command_line.index(b"--port-file") + 1].decode()).parent
+
+
 def test_signals_are_forwarded_and_stop_cleans_up(workers: Workers) -> None:
     pids = children(workers.pid)
-    command_line = Path(f"/proc/{pids[0]}/cmdline").read_bytes().split(b"\0")
-    run_dir = Path(command_line[command_line.index(b"--port-file") + 1].decode()).parent
+    run_dir = run_dir_of(pids[0])
     assert (run_dir / "metrics").is_dir()
     os.kill(workers.pid, signal.SIGHUP)
     wait_for(lambda: workers.process.log().count("SIGHUP received") == 2, 5, "both workers to see SIGHUP")
@@ -133,8 +139,10 @@ def test_signals_are_forwarded_and_stop_cleans_up(workers: Workers) -> None:
 
 def test_workers_stop_when_the_supervisor_is_killed(workers: Workers) -> None:
     pids = children(workers.pid)
+    run_dir = run_dir_of(pids[0])
     os.kill(workers.pid, signal.SIGKILL)
     wait_for(lambda: not any(alive(p) for p in pids), 10, "orphaned workers to stop")
+    shutil.rmtree(run_dir)  # nobody else is left to remove it
 
 
 def test_port_taken_by_another_program_is_an_error(tmp_path: Path) -> None:
