@@ -20,6 +20,7 @@ run: setup
 	$(BIN)/gateway serve
 
 test: setup
+	sh scripts/ensure-prometheus.sh
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 # Regenerate gateway/protocols/v2_grpc/generated/ from protos/ (grpcio-tools

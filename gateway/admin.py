@@ -1,4 +1,5 @@
-"""The admin listener: liveness, readiness, route table (loopback by default)."""
+"""The admin listener (loopback by default): liveness, readiness, metrics,
+effective config and route table."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from gateway.config import Address
+from gateway.configview import effective_config
 from gateway.types import RequestContext
 
 if TYPE_CHECKING:
@@ -32,19 +34,42 @@ async def routes(request: web.Request) -> web.Response:
     return web.json_response({"routes": gateway.dataplane.routes.describe()})  # type: ignore[attr-defined]
 
 
+async def metrics(request: web.Request) -> web.Response:
+    gateway = request.app[GATEWAY]
+    body, content_type = gateway.services.metrics.render(request.headers.get("Accept", ""))  # type: ignore[attr-defined]
+    response = web.Response(body=body, headers={"Content-Type": content_type})
+    if "gzip" in request.headers.get("Accept-Encoding", "").lower():
+        response.enable_compression(web.ContentCoding.gzip)
+    return response
+
+
+async def config(request: web.Request) -> web.Response:
+    gateway = request.app[GATEWAY]
+    return web.json_response(effective_config(gateway.config))  # type: ignore[attr-defined]
+
+
+async def index(request: web.Request) -> web.Response:
+    paths = sorted({r.canonical for r in request.app.router.resources()})
+    return web.json_response({"endpoints": paths})
+
+
 def build_admin_app(gateway: Gateway) -> web.Application:
     app = web.Application()
     app[GATEWAY] = gateway
+    app.router.add_get("/", index)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/routes", routes)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/config", config)
     return app
 
 
 async def start_admin(gateway: Gateway, address: Address) -> tuple[web.AppRunner, int]:
     runner = web.AppRunner(build_admin_app(gateway), access_log=None, handle_signals=False)
     await runner.setup()
-    site = web.TCPSite(runner, address.host, address.port, reuse_address=True)
+    site = web.TCPSite(runner, address.host, address.port, reuse_address=True,
+                       reuse_port=gateway.services.reuse_port or None)
     await site.start()
     sockets = getattr(site._server, "sockets", None) or []
     port = sockets[0].getsockname()[1] if sockets else address.port

@@ -6,6 +6,8 @@ import argparse
 import asyncio
 import json
 import logging
+import os
+import signal
 import sys
 from pathlib import Path
 
@@ -26,6 +28,13 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--config", help=config_help)
     serve.add_argument("--port-file", type=Path,
                        help="after start, write the bound ports as JSON here (useful with port 0)")
+    serve.add_argument("--workers", default="1", metavar="N",
+                       help="worker processes sharing the ports via SO_REUSEPORT, under one supervisor; "
+                            "'auto' = usable CPUs (default: 1, no supervisor)")
+    # Set by the supervisor for its workers; not for people.
+    serve.add_argument("--worker-index", type=int, help=argparse.SUPPRESS)
+    serve.add_argument("--worker-ports", type=json.loads, help=argparse.SUPPRESS)
+    serve.add_argument("--worker-restarted", action="store_true", help=argparse.SUPPRESS)
 
     check = sub.add_parser("check", help="validate a configuration; exit 1 on errors")
     check.add_argument("--config", help=config_help)
@@ -44,10 +53,32 @@ def _load(path: str | None) -> GatewayConfig | None:
         return None
 
 
-async def _serve(config: GatewayConfig, port_file: Path | None) -> None:
-    from gateway.server import Gateway
+async def _watch_parent(parent: int) -> None:
+    """A worker whose supervisor died (even by SIGKILL) stops itself."""
+    while os.getppid() == parent:
+        await asyncio.sleep(1.0)
+    logging.getLogger(__name__).warning("supervisor %d is gone; stopping", parent)
+    os.kill(os.getpid(), signal.SIGTERM)
 
-    gateway = Gateway(config)
+
+async def _serve(config: GatewayConfig, port_file: Path | None, worker: int | None = None,
+                 restarted: bool = False) -> None:
+    from gateway.server import Gateway
+    from gateway.supervisor import MULTIPROC_ENV
+
+    multiprocess_dir = os.environ.get(MULTIPROC_ENV) if worker is not None else None
+    try:
+        gateway = Gateway(config, worker=worker, multiprocess_dir=multiprocess_dir)
+    except OSError as exc:  # e.g. an access-log file that cannot be opened
+        raise SystemExit(f"gateway: cannot start: {exc}") from None
+    if restarted:
+        gateway.services.metrics.record_worker_restart()
+    loop = asyncio.get_running_loop()
+    # Keeps SIGHUP (forwarded by a supervisor) from killing the process; a
+    # handler installed by Gateway.run_until_signalled replaces this one.
+    loop.add_signal_handler(signal.SIGHUP, logging.getLogger(__name__).warning,
+                            "SIGHUP received: configuration reload is not available in this build")
+    watcher = loop.create_task(_watch_parent(os.getppid())) if worker is not None else None
     try:
         await gateway.start()
     except OSError as exc:
@@ -58,6 +89,8 @@ async def _serve(config: GatewayConfig, port_file: Path | None) -> None:
         tmp.write_text(json.dumps(gateway.ports))
         tmp.replace(port_file)  # atomic: readers never see half a file
     await gateway.run_until_signalled()
+    if watcher is not None:
+        watcher.cancel()
 
 
 def _install_uvloop() -> None:
@@ -85,6 +118,26 @@ def main(argv: list[str] | None = None) -> int:
         for line in RouteTable(config).describe():
             print(line)
         return 0
+    from gateway.supervisor import worker_count
+
+    try:
+        workers = worker_count(args.workers)
+    except ValueError as exc:
+        print(f"gateway: --workers {args.workers}: {exc}", file=sys.stderr)
+        return 2
+    import prometheus_client
+
+    # `_created` series double the series count for no use on a dashboard.
+    prometheus_client.disable_created_metrics()
+    if workers > 1 and args.worker_index is None:
+        from gateway.supervisor import Supervisor
+
+        return Supervisor(config, args.config, workers, args.port_file, args.log_level).run()
+    if args.worker_index is not None:
+        from gateway.supervisor import worker_config
+
+        config = worker_config(config, args.worker_ports)
     _install_uvloop()
-    asyncio.run(_serve(config, args.port_file))
+    asyncio.run(_serve(config, args.port_file, args.worker_index, args.worker_restarted))
     return 0
+

@@ -19,6 +19,7 @@ from gateway.confignode import ConfigError, Node, expand_env
 
 DEFAULT_MAX_REQUEST_BYTES = 64 << 20
 DEFAULT_CONFIG_RESOURCE = "default_config.yaml"
+DEFAULT_OTLP_ENDPOINT = "http://127.0.0.1:4318/v1/traces"
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +118,35 @@ class AdminConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class AccessLogConfig:
+    enabled: bool = True
+    format: str = "plain"  # "plain" (key=value) | "json"
+    destination: str = "stdout"  # "stdout" | "stderr" | a file path (appended)
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsConfig:
+    # Distinct model names used as label values; later names collapse to
+    # gateway.metrics.OTHER_MODEL so a client cannot explode cardinality.
+    max_model_labels: int = 100
+
+
+@dataclass(frozen=True, slots=True)
+class TracingConfig:
+    enabled: bool = False  # needs the `tracing` extra (OpenTelemetry SDK)
+    endpoint: str = DEFAULT_OTLP_ENDPOINT  # OTLP/HTTP (protobuf)
+    service_name: str = "inference-gateway"
+    sample_ratio: float = 1.0  # of new traces; a client's sampled flag is honoured
+
+
+@dataclass(frozen=True, slots=True)
+class ObservabilityConfig:
+    access_log: AccessLogConfig = AccessLogConfig()
+    metrics: MetricsConfig = MetricsConfig()
+    tracing: TracingConfig = TracingConfig()
+
+
+@dataclass(frozen=True, slots=True)
 class GatewayConfig:
     listeners: tuple[ListenerConfig, ...]
     upstreams: tuple[UpstreamConfig, ...]
@@ -125,6 +155,7 @@ class GatewayConfig:
     limits: Limits = Limits()
     server: ServerIdentity = ServerIdentity()
     source: str = "<embedded>"
+    observability: ObservabilityConfig = ObservabilityConfig()
 
     def upstream(self, name: str) -> UpstreamConfig:
         return next(u for u in self.upstreams if u.name == name)
@@ -237,6 +268,36 @@ def _unique(node: Node, names: list[str | None], what: str) -> None:
         seen.add(name)
 
 
+def _observability(node: Node) -> ObservabilityConfig:
+    log_node = node.child("access_log", {})
+    access_log = AccessLogConfig(
+        enabled=log_node.flag("enabled", True),
+        format=log_node.choice("format", ("plain", "json"), "plain"),
+        destination=log_node.string("destination", "stdout"),
+    )
+    log_node.check_no_unknown_keys()
+    metrics_node = node.child("metrics", {})
+    metrics = MetricsConfig(max_model_labels=metrics_node.integer("max_model_labels", 100, minimum=0))
+    metrics_node.check_no_unknown_keys()
+    tracing_node = node.child("tracing", {})
+    tracing = TracingConfig(
+        enabled=tracing_node.flag("enabled", False),
+        endpoint=tracing_node.string("endpoint", DEFAULT_OTLP_ENDPOINT),
+        service_name=tracing_node.string("service_name", "inference-gateway"),
+        sample_ratio=tracing_node.get("sample_ratio", float, 1.0),
+    )
+    if not 0.0 <= tracing.sample_ratio <= 1.0:
+        tracing_node.error("must be between 0 and 1", "sample_ratio")
+    if tracing.enabled:
+        from gateway.tracing import EXTRA_HINT, sdk_available
+
+        if not sdk_available():
+            tracing_node.error(f"needs the OpenTelemetry SDK; {EXTRA_HINT}", "enabled")
+    tracing_node.check_no_unknown_keys()
+    node.check_no_unknown_keys()
+    return ObservabilityConfig(access_log, metrics, tracing)
+
+
 def parse_config(data: Any, source: str = "<string>", base_dir: Path | None = None) -> GatewayConfig:
     """``base_dir``: where relative file paths in the config are resolved
     (the config file's folder; the current directory when None)."""
@@ -300,10 +361,13 @@ def parse_config(data: Any, source: str = "<string>", base_dir: Path | None = No
         if upstream:
             routes.append(RouteConfig(match, upstream, rewrite, timeout, options))
 
+    observability = _observability(root.child("observability", {}))
+
     root.check_no_unknown_keys()
     if problems:
         raise ConfigError(problems)
-    return GatewayConfig(tuple(listeners), tuple(upstreams), tuple(routes), admin, limits, server, source)
+    return GatewayConfig(tuple(listeners), tuple(upstreams), tuple(routes), admin, limits, server, source,
+                         observability=observability)
 
 
 def load_config(path: str | Path | None = None) -> GatewayConfig:

@@ -3,22 +3,32 @@ body under the size limit, request decompression, request context."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import socket
-import uuid
 import zlib
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from aiohttp import web
+from aiohttp.abc import AbstractAccessLogger
 
 from gateway.errors import ErrorKind, GatewayError, too_large, unsupported
+from gateway.observe import (
+    OUTCOME_CANCELLED,
+    OUTCOME_OK,
+    REQUEST_ID_HEADER,
+    TRACEPARENT_HEADER,
+    TRACESTATE_HEADER,
+    accept_request_id,
+    accept_traceparent,
+    accept_tracestate,
+    finish_request,
+)
 from gateway.protocols.base import Frontend
 from gateway.types import RequestContext
 
 log = logging.getLogger(__name__)
-
-REQUEST_ID_HEADER = "x-request-id"
 _DECOMPRESS_CHUNK = 1 << 20
 
 
@@ -78,6 +88,7 @@ def error_middleware(respond: Callable[[GatewayError, int | None], web.StreamRes
         try:
             return await handler(request)
         except GatewayError as error:
+            note_error(request, error)
             return respond(error, None)
         except web.HTTPException as exc:
             if exc.status < 400:
@@ -89,15 +100,133 @@ def error_middleware(respond: Callable[[GatewayError, int | None], web.StreamRes
             return respond(GatewayError(kind, message), exc.status)
         except Exception:
             log.exception("unhandled error on %s %s", request.method, request.path)
-            return respond(GatewayError(ErrorKind.INTERNAL, "internal error"), None)
+            internal = GatewayError(ErrorKind.INTERNAL, "internal error")
+            note_error(request, internal)
+            return respond(internal, None)
 
     return middleware
+# --- request context and observability (issue 7) ------------------------------
+
+CONTEXT = web.RequestKey("gateway_context", RequestContext)
+
+# Outcome of an HTTP error answer whose GatewayError no frontend noted
+# (see note_error), by status; the V2 REST table read backwards.
+_OUTCOME_OF_STATUS = {
+    400: ErrorKind.MALFORMED_REQUEST, 401: ErrorKind.UNAUTHENTICATED, 404: ErrorKind.MODEL_NOT_FOUND,
+    405: ErrorKind.UNSUPPORTED, 413: ErrorKind.TOO_LARGE, 429: ErrorKind.OVERLOADED,
+    501: ErrorKind.UNSUPPORTED, 502: ErrorKind.UPSTREAM_BAD_RESPONSE, 503: ErrorKind.UPSTREAM_UNAVAILABLE,
+    504: ErrorKind.UPSTREAM_TIMEOUT,
+}
+
+
+def outcome_of_status(status: int) -> str:
+    if status < 400:
+        return OUTCOME_OK
+    kind = _OUTCOME_OF_STATUS.get(status)
+    if kind is None:
+        kind = ErrorKind.MALFORMED_REQUEST if status < 500 else ErrorKind.INTERNAL
+    return kind.value
 
 
 def request_context(request: web.Request, listener: str, protocol: str) -> RequestContext:
+    """The request's context: made once per request by the observing
+    middleware of :class:`HttpFrontend`, built here for other callers."""
+    ctx = request.get(CONTEXT)
+    if ctx is not None:
+        return ctx
     headers = {k.lower(): v for k, v in request.headers.items()}
-    request_id = headers.get(REQUEST_ID_HEADER) or uuid.uuid4().hex
-    return RequestContext(listener=listener, protocol=protocol, request_id=request_id, headers=headers)
+    traceparent = accept_traceparent(headers.get(TRACEPARENT_HEADER))
+    return RequestContext(listener=listener, protocol=protocol,
+                          request_id=accept_request_id(headers.get(REQUEST_ID_HEADER)), headers=headers,
+                          traceparent=traceparent,
+                          tracestate=accept_tracestate(headers.get(TRACESTATE_HEADER), traceparent))
+
+
+def note_error(request: web.Request, error: GatewayError) -> None:
+    """Tell the metrics and access log which error a response carries."""
+    ctx = request.get(CONTEXT)
+    if ctx is not None:
+        ctx.record.fail(error.kind.value, error.message)
+
+
+def _echo_ids(headers: Any, ctx: RequestContext) -> None:
+    headers[REQUEST_ID_HEADER] = ctx.request_id
+    if ctx.traceparent:
+        headers[TRACEPARENT_HEADER] = ctx.traceparent
+        if ctx.tracestate:
+            headers[TRACESTATE_HEADER] = ctx.tracestate
+
+
+def _operation(request: web.Request) -> str:
+    """The handler's name: a small fixed set per frontend, fit for a label."""
+    match_info = request.match_info
+    if match_info.http_exception is not None:
+        return "unmatched"
+    return getattr(match_info.handler, "__name__", "other")
+
+
+def observing_middleware(frontend: Frontend) -> Callable[..., Awaitable[web.StreamResponse]]:
+    """Outermost middleware: request context, in-flight gauge, ids echoed on
+    every answer. The access-log hook below records the request once sent."""
+    listener, protocol = frontend.listener.name, frontend.listener.protocol
+    in_flight = frontend.services.metrics.requests_in_flight(listener, protocol)
+    services = frontend.services
+    tracing = services.tracing
+
+    @web.middleware
+    async def observe(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                      ) -> web.StreamResponse:
+        ctx = request_context(request, listener, protocol)
+        request[CONTEXT] = ctx
+        record = ctx.record
+        record.operation = _operation(request)
+        record.method, record.path, record.peer = request.method, request.path, request.remote or ""
+        if tracing is not None:
+            tracing.start(ctx)
+        in_flight.inc()
+        try:
+            response = await handler(request)
+        except web.HTTPException as exc:
+            _echo_ids(exc.headers, ctx)
+            raise
+        except asyncio.CancelledError:  # the client went away: nginx's 499
+            record.status, record.outcome = "499", OUTCOME_CANCELLED
+            record.request_bytes = request.content.total_bytes
+            finish_request(services, ctx)
+            raise
+        finally:
+            in_flight.dec()
+        _echo_ids(response.headers, ctx)
+        return response
+
+    return observe
+
+
+class RecordingAccessLogger(AbstractAccessLogger):
+    """aiohttp calls this once the response is sent (or the send failed):
+    the moment sizes and the full duration are known."""
+
+    services: Any = None  # set per frontend by access_logger_class
+
+    def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
+        ctx = request.get(CONTEXT)
+        if ctx is None or ctx.record.finished:
+            return  # never reached our app (malformed HTTP), or already recorded
+        record = ctx.record
+        if not record.status:
+            record.status = str(response.status)
+        if not record.outcome:
+            record.outcome = outcome_of_status(response.status)
+        record.request_bytes = request.content.total_bytes
+        # The body as sent (compressed if it was); without a Content-Length
+        # (chunked) aiohttp only knows the bytes written, headers included.
+        length = response.content_length
+        record.response_bytes = length if length is not None else response.body_length
+        finish_request(self.services, ctx)
+
+
+def access_logger_class(services: Any) -> type[AbstractAccessLogger]:
+    return type("GatewayAccessLogger", (RecordingAccessLogger,), {"services": services})
 
 
 class HttpFrontend(Frontend):
@@ -120,15 +249,19 @@ class HttpFrontend(Frontend):
     def new_app(self, middlewares: list[Callable[..., Awaitable[Any]]]) -> web.Application:
         # aiohttp's own 1 MiB default is far too small for tensors; the body
         # limit is applied deliberately, one byte over so our check answers.
-        return web.Application(client_max_size=self.max_body + 1, middlewares=middlewares)
+        return web.Application(client_max_size=self.max_body + 1,
+                               middlewares=[observing_middleware(self), *middlewares])
 
     async def start(self) -> None:
         # auto_decompress off: read_body inflates under the size limit itself.
-        self._runner = web.AppRunner(self.build_app(), access_log=None, handle_signals=False,
-                                     auto_decompress=False)
+        # The access-log hook records metrics and the access log (issue 7).
+        self._runner = web.AppRunner(self.build_app(), handle_signals=False, auto_decompress=False,
+                                     access_log=log, access_log_class=access_logger_class(self.services))
         await self._runner.setup()
         address = self.listener.address
-        site = web.TCPSite(self._runner, address.host, address.port, reuse_address=True)
+        # SO_REUSEPORT only under `gateway serve --workers N` (services.reuse_port).
+        site = web.TCPSite(self._runner, address.host, address.port, reuse_address=True,
+                           reuse_port=self.services.reuse_port or None)
         await site.start()
         server = site._server  # aiohttp exposes bound sockets only here
         sockets = getattr(server, "sockets", None) or []

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 from gateway.config import GatewayConfig, UpstreamConfig
 from gateway.errors import ErrorKind, GatewayError, invalid, model_not_found
+from gateway.metrics import metrics_of
 from gateway.protocols import registry
 from gateway.protocols.base import UpstreamClient
 from gateway.routing import Route, RouteTable
@@ -55,6 +56,7 @@ class DataPlane:
         self.routes = RouteTable(config)
         self.clusters = {u.name: Cluster(u, services) for u in config.upstreams}
         self.draining = False
+        self.metrics = metrics_of(services)
 
     async def start(self) -> None:
         for cluster in self.clusters.values():
@@ -67,8 +69,10 @@ class DataPlane:
 
     def resolve(self, model: str, version: str, ctx: RequestContext) -> Route:
         route = self.routes.resolve(model, version, ctx.listener, ctx.protocol, ctx.headers)
+        ctx.record.model, ctx.record.version = model, version  # observability (issue 7)
         if route is None:
             raise model_not_found(model, version)
+        ctx.record.route, ctx.record.upstream = str(route.index), route.upstream
         return route
 
     def _target(self, route: Route, model: str, version: str) -> tuple[str, str]:
@@ -85,10 +89,12 @@ class DataPlane:
         if timeout is not None:  # upstream clients pass the remaining time on (e.g. as a gRPC deadline)
             ctx.deadline = time.monotonic() + timeout
         try:
-            if timeout is None:
-                return await call(client)
-            async with asyncio.timeout(timeout):
-                return await call(client)
+            # One measured upstream attempt (issue 7); outside the timeout so it sees TimeoutError.
+            with self.metrics.upstream_call(ctx.record, route.upstream, str(client.endpoint or "")):
+                if timeout is None:
+                    return await call(client)
+                async with asyncio.timeout(timeout):
+                    return await call(client)
         except TimeoutError:
             raise GatewayError(ErrorKind.UPSTREAM_TIMEOUT,
                                f"upstream {client.label} did not answer within {timeout:.2f}s") from None

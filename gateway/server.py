@@ -5,16 +5,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from aiohttp import web
+from prometheus_client import CollectorRegistry
 
 from gateway import __version__
+from gateway.accesslog import AccessLog
 from gateway.admin import start_admin
 from gateway.config import GatewayConfig, ServerIdentity
+from gateway.metrics import GatewayMetrics
 from gateway.protocols import registry
 from gateway.protocols.base import Frontend
 from gateway.proxy import DataPlane
+from gateway.tracing import Tracing
 
 log = logging.getLogger(__name__)
 
@@ -25,13 +29,40 @@ class GatewayServices:
 
     config: GatewayConfig
     identity: ServerIdentity
+    metrics: GatewayMetrics = field(default_factory=lambda: GatewayMetrics(CollectorRegistry(auto_describe=False)))
+    access_log: AccessLog = field(default_factory=lambda: AccessLog(None))
+    # True under `gateway serve --workers N`: listeners bind with SO_REUSEPORT
+    # (HTTP: TCPSite(reuse_port=True); gRPC: option ("grpc.so_reuseport", 1),
+    # and ("grpc.so_reuseport", 0) otherwise, since grpc defaults it on).
+    reuse_port: bool = False
+    worker: int | None = None  # worker index under a supervisor
+    tracing: Tracing | None = None  # OpenTelemetry, when observability.tracing.enabled
+
+
+def build_metrics(config: GatewayConfig, version: str, registry: CollectorRegistry | None = None,
+                  multiprocess_dir: str | None = None) -> GatewayMetrics:
+    known = [r.match.model.pattern for r in config.routes if r.match.model.kind == "exact"]
+    metrics = GatewayMetrics(registry or CollectorRegistry(auto_describe=False), version=version,
+                             max_model_labels=config.observability.metrics.max_model_labels,
+                             known_models=known, multiprocess_dir=multiprocess_dir)
+    for upstream in config.upstreams:
+        metrics.declare_upstream(upstream.name, [str(e) for e in upstream.endpoints])
+    metrics.record_config_loaded()
+    return metrics
 
 
 class Gateway:
-    def __init__(self, config: GatewayConfig) -> None:
+    def __init__(self, config: GatewayConfig, registry: CollectorRegistry | None = None, *,
+                 worker: int | None = None, multiprocess_dir: str | None = None) -> None:
         self.config = config
         version = config.server.version or __version__
-        self.services = GatewayServices(config, ServerIdentity(config.server.name, version))
+        self.services = GatewayServices(
+            config, ServerIdentity(config.server.name, version),
+            metrics=build_metrics(config, version, registry, multiprocess_dir),
+            access_log=AccessLog.open(config.observability.access_log, worker),
+            reuse_port=worker is not None, worker=worker,
+            tracing=Tracing(config.observability.tracing, version, worker)
+            if config.observability.tracing.enabled else None)
         self.dataplane = DataPlane(config, self.services)
         self.frontends: dict[str, Frontend] = {}
         self._admin: web.AppRunner | None = None
@@ -62,6 +93,9 @@ class Gateway:
             await self._admin.cleanup()
             self._admin = None
         await self.dataplane.close()
+        self.services.access_log.close()
+        if self.services.tracing is not None:
+            self.services.tracing.close()
         self._stopped.set()
 
     async def run_until_signalled(self) -> None:

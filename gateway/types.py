@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from gateway.errors import invalid
+from gateway.observe import REQUEST_ID_HEADER, TRACEPARENT_HEADER, TRACESTATE_HEADER, RequestRecord
 
 # V2 datatype name -> numpy dtype (little-endian, as every wire form is).
 NUMPY_DTYPES: Mapping[str, np.dtype[Any]] = {
@@ -196,11 +197,26 @@ class RequestContext:
     # Absolute time.monotonic() by which the answer is due; None = no deadline.
     deadline: float | None = None
     started: float = field(default_factory=time.monotonic)
+    # W3C trace context as received (validated), forwarded upstream unchanged.
+    traceparent: str = ""
+    tracestate: str = ""
+    # What metrics and the access log learn about this request (gateway.observe).
+    record: RequestRecord = field(default_factory=RequestRecord)
 
     def remaining(self) -> float | None:
         if self.deadline is None:
             return None
         return self.deadline - time.monotonic()
+
+    def upstream_headers(self) -> dict[str, str]:
+        """What every upstream client sends on each call (HTTP headers or
+        gRPC metadata): the request id and the trace context, unchanged."""
+        headers = {REQUEST_ID_HEADER: self.request_id} if self.request_id else {}
+        if self.traceparent:
+            headers[TRACEPARENT_HEADER] = self.traceparent
+            if self.tracestate:
+                headers[TRACESTATE_HEADER] = self.tracestate
+        return headers
 
 
 # --- operations beyond infer ---------------------------------------------------

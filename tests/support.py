@@ -57,11 +57,13 @@ class GatewayProcess:
     """``python -m gateway serve`` in its own process, ports read back from
     the --port-file it writes once every listener is bound."""
 
-    def __init__(self, config_path: Path, log_path: Path, extra_env: dict[str, str] | None = None) -> None:
+    def __init__(self, config_path: Path, log_path: Path, extra_env: dict[str, str] | None = None,
+                 extra_args: list[str] | None = None) -> None:
         self.config_path = config_path
         self.log_path = log_path
         self.port_file = config_path.with_suffix(".ports.json")
         self.extra_env = extra_env or {}
+        self.extra_args = extra_args or []  # after `serve`, e.g. ["--workers", "2"]
         self.proc: subprocess.Popen[bytes] | None = None
         self.ports: dict[str, int] = {}
 
@@ -70,7 +72,7 @@ class GatewayProcess:
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "gateway", "--log-level", "info", "serve",
-             "--config", str(self.config_path), "--port-file", str(self.port_file)],
+             "--config", str(self.config_path), "--port-file", str(self.port_file), *self.extra_args],
             cwd=REPO, env=env, stdout=self._log, stderr=subprocess.STDOUT)
 
         def ready() -> bool:
@@ -143,3 +145,12 @@ class InProcessGateway:
 
     def url(self, listener: str = "rest") -> str:
         return f"http://127.0.0.1:{self.gateway.ports[listener]}"
+# `.format(log=path)`: one JSON access-log line per request into that file.
+JSON_ACCESS_LOG_CONFIG = """
+observability:
+  access_log: {{format: json, destination: "{log}"}}
+"""
+
+SIMPLE_INFER_REQUEST = {"inputs": [
+    {"name": "INPUT0", "datatype": "INT32", "shape": [1, 16], "data": list(range(16))},
+    {"name": "INPUT1", "datatype": "INT32", "shape": [1, 16], "data": [1] * 16}]}

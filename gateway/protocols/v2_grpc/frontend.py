@@ -40,11 +40,13 @@ class GrpcListenerOptions:
     output_contents: str = "raw"
 
 
-def server_options(max_message_bytes: int) -> list[tuple[str, Any]]:
+def server_options(max_message_bytes: int, reuse_port: bool = False) -> list[tuple[str, Any]]:
     return [
         ("grpc.max_receive_message_length", max_message_bytes),
         ("grpc.max_send_message_length", -1),  # answers are bounded by what upstreams may send
-        ("grpc.so_reuseport", 0),  # a second gateway on the same port must fail, not share it
+        # Shared only by `--workers N` processes; otherwise a second gateway on
+        # the same port must fail, not silently share it (grpc defaults it on).
+        ("grpc.so_reuseport", 1 if reuse_port else 0),
     ]
 
 
@@ -72,7 +74,7 @@ class V2GrpcFrontend(Frontend):
 
     async def start(self) -> None:
         limit = self.services.config.limits.max_request_bytes
-        server = grpc.aio.server(options=server_options(limit))
+        server = grpc.aio.server(options=server_options(limit, self.services.reuse_port))
         handlers = {
             name: grpc.unary_unary_rpc_method_handler(
                 self._handler(name, request_class), response_serializer=response_class.SerializeToString)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from aiohttp import web
@@ -78,10 +79,14 @@ class V2RestFrontend(HttpFrontend):
         ctx = self._ctx(request)
         body = await read_body(request, self.max_body)
         limits = self.services.config.limits
+        started = time.perf_counter()
         infer_request = codec.decode_infer_request(
             body, request.headers.get(codec.HEADER_LENGTH), model, version, limits.max_tensor_elements)
+        ctx.record.decode_seconds = time.perf_counter() - started
         response = await self.dataplane.infer(infer_request, ctx)
+        started = time.perf_counter()
         payload, headers = codec.encode_infer_response(response, infer_request)
+        ctx.record.encode_seconds = time.perf_counter() - started
         headers[REQUEST_ID_HEADER] = ctx.request_id
         reply = web.Response(body=payload, headers=headers)
         accepted = request.headers.get("Accept-Encoding", "").lower()

@@ -1,0 +1,141 @@
+"""One access-log line per request, plain (key=value) or JSON.
+
+Lines are written with a single ``os.write`` on a file descriptor, so
+several worker processes sharing stdout never interleave inside a line (a
+pipe write of up to PIPE_BUF bytes is atomic). Only bounded identifiers from
+the :class:`~gateway.observe.RequestRecord` are written: never tensor data,
+never header values other than the request id and trace id.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import time
+from typing import Any
+
+import orjson
+
+from gateway.config import AccessLogConfig
+from gateway.observe import RequestRecord, trace_id
+from gateway.types import RequestContext
+
+log = logging.getLogger(__name__)
+
+# Longest error text and path a line carries.
+MAX_ERROR_CHARS = 300
+MAX_PATH_CHARS = 256
+_SAFE_PLAIN = re.compile(r"[A-Za-z0-9._:/@\[\]#*+,%-]+")
+
+
+def _plain(fields: dict[str, Any]) -> bytes:
+    """``key=value`` pairs; a string with anything but safe characters is
+    JSON-quoted, so a newline or quote in a model name cannot forge a line."""
+    parts = []
+    for key, value in fields.items():
+        if type(value) is str and not _SAFE_PLAIN.fullmatch(value):
+            value = orjson.dumps(value).decode() if value else "-"
+        parts.append(f"{key}={value}")
+    return (" ".join(parts) + "\n").encode()
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1000.0, 3)
+
+
+class _Clock:
+    """RFC 3339 UTC timestamps with milliseconds; the seconds part is
+    formatted once per second, not once per line."""
+
+    __slots__ = ("_prefix", "_second")
+
+    def __init__(self) -> None:
+        self._second = -1
+        self._prefix = ""
+
+    def format(self, now: float) -> str:
+        second = int(now)
+        if second != self._second:
+            self._second, self._prefix = second, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+        return f"{self._prefix}.{int((now - second) * 1000):03d}Z"
+
+
+class AccessLog:
+    """Writes access-log lines to a file descriptor it may own."""
+
+    def __init__(self, fd: int | None, fmt: str = "plain", worker: int | None = None, owns_fd: bool = False) -> None:
+        self.fd = fd
+        self.format = fmt
+        self.worker = worker
+        self._owns_fd = owns_fd
+        self._clock = _Clock()
+        self.dropped = 0  # lines lost to write errors (a full disk must not fail requests)
+
+    @classmethod
+    def open(cls, config: AccessLogConfig, worker: int | None = None) -> AccessLog:
+        if not config.enabled:
+            return cls(None)
+        if config.destination in ("stdout", "stderr"):
+            return cls(1 if config.destination == "stdout" else 2, config.format, worker)
+        fd = os.open(config.destination, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        return cls(fd, config.format, worker, owns_fd=True)
+
+    @property
+    def enabled(self) -> bool:
+        return self.fd is not None
+
+    def fields(self, ctx: RequestContext, duration: float, now: float) -> dict[str, Any]:
+        r: RequestRecord = ctx.record
+        fields: dict[str, Any] = {
+            "ts": self._clock.format(now),
+            "request_id": ctx.request_id,
+            "trace_id": trace_id(ctx.traceparent),
+            "listener": ctx.listener,
+            "protocol": ctx.protocol,
+            "peer": r.peer,
+            "method": r.method,
+            "path": r.path[:MAX_PATH_CHARS],
+            "operation": r.operation,
+            "model": r.model[:MAX_PATH_CHARS],
+            "version": r.version[:MAX_PATH_CHARS],
+            "route": r.route,
+            "upstream": r.upstream,
+            "endpoint": r.endpoint,
+            "attempts": r.upstream_attempts,
+            "status": r.status,
+            "outcome": r.outcome,
+            "duration_ms": _ms(duration),
+            "upstream_ms": _ms(r.upstream_seconds),
+            "decode_ms": _ms(r.decode_seconds),
+            "encode_ms": _ms(r.encode_seconds),
+            "request_bytes": r.request_bytes,
+            "response_bytes": r.response_bytes,
+        }
+        if self.worker is not None:
+            fields["worker"] = self.worker
+        if r.error:
+            fields["error"] = r.error[:MAX_ERROR_CHARS]
+        return fields
+
+    def format_line(self, ctx: RequestContext, duration: float, now: float) -> bytes:
+        fields = self.fields(ctx, duration, now)
+        if self.format == "json":
+            return orjson.dumps(fields) + b"\n"
+        return _plain(fields)
+
+    def write(self, ctx: RequestContext, duration: float) -> None:
+        if self.fd is None:
+            return
+        line = self.format_line(ctx, duration, time.time())
+        try:
+            os.write(self.fd, line)
+        except OSError as exc:
+            self.dropped += 1
+            if self.dropped == 1:
+                log.warning("access log write failed (%s); counting dropped lines", exc)
+
+    def close(self) -> None:
+        if self._owns_fd and self.fd is not None:
+            os.close(self.fd)
+        self.fd = None

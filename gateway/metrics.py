@@ -1,0 +1,326 @@
+"""Prometheus metrics on an injected registry (never the global one).
+
+One :class:`GatewayMetrics` per gateway process, held by ``GatewayServices``.
+The hot path touches it twice per request: :meth:`GatewayMetrics.upstream_call`
+around each upstream attempt and :meth:`GatewayMetrics.observe_request` once
+when the answer has left. Label children are cached per label tuple, so a
+request costs dictionary look-ups, not ``labels()`` validation.
+
+Recording methods other modules call (names are the contract):
+
+- ``upstream_call(record, upstream, endpoint)``: context manager around one
+  upstream attempt (latency, outcome, in-flight; timeouts counted when a
+  ``TimeoutError`` leaves it).
+- ``record_retry(upstream)``, ``record_timeout(upstream)``,
+  ``record_circuit_breaker_rejection(upstream)``,
+  ``record_ejection(upstream, endpoint)``,
+  ``set_endpoint_health(upstream, endpoint, healthy)``,
+  ``record_reload(success)``, ``observe_translation(side, protocol, stage, seconds)``.
+
+Several worker processes (``gateway serve --workers N``) share one directory
+of memory-mapped files (prometheus-client's multiprocess mode); ``render``
+then reports the sum over all workers, including workers that have died.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import platform
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    values,
+)
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.multiprocess import MultiProcessCollector
+
+from gateway.errors import ErrorKind, GatewayError
+from gateway.observe import OUTCOME_CANCELLED, OUTCOME_OK, RequestRecord
+
+# 100 µs .. 60 s in 1-2-5 steps: fine enough to see sub-millisecond proxy
+# overhead, wide enough for slow models.
+LATENCY_BUCKETS = (0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5,
+                   1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0)
+# Translating a small tensor takes tens of microseconds.
+TRANSLATION_BUCKETS = (0.00001, 0.00002, 0.00005, *LATENCY_BUCKETS[:-3])
+# 64 B .. 1 GiB in powers of four.
+SIZE_BUCKETS = tuple(float(64 * 4**i) for i in range(13))
+
+NO_MODEL = ""  # requests that name no model (health, server metadata)
+OTHER_MODEL = "__other__"  # a new name after the cardinality cap was hit
+UNKNOWN_MODEL = "__unknown__"  # a name that was not found, never admitted
+MAX_MODEL_LABEL_CHARS = 128
+
+REQUEST_LABELS = ("listener", "protocol", "operation", "model", "route", "upstream")
+
+
+def outcome_of(exc: BaseException | None) -> str:
+    """The outcome label for an exception leaving an upstream attempt."""
+    if exc is None:
+        return OUTCOME_OK
+    if isinstance(exc, GatewayError):
+        return exc.kind.value
+    if isinstance(exc, TimeoutError):
+        return ErrorKind.UPSTREAM_TIMEOUT.value
+    if isinstance(exc, asyncio.CancelledError):
+        return OUTCOME_CANCELLED
+    return ErrorKind.INTERNAL.value
+
+
+class UpstreamCall:
+    """Measures one upstream attempt; see :meth:`GatewayMetrics.upstream_call`."""
+
+    __slots__ = ("_children", "_metrics", "_record", "_started", "endpoint", "upstream")
+
+    def __init__(self, metrics: GatewayMetrics, record: RequestRecord, upstream: str, endpoint: str) -> None:
+        self._metrics = metrics
+        self._record = record
+        self.upstream = upstream
+        self.endpoint = endpoint
+        self._children = metrics._upstream_children(upstream, record.operation)
+        self._started = 0.0
+
+    def __enter__(self) -> UpstreamCall:
+        self._children[0].inc()
+        self._started = time.perf_counter()
+        return self
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        elapsed = time.perf_counter() - self._started
+        in_flight, duration = self._children
+        in_flight.dec()
+        duration.observe(elapsed)
+        outcome = outcome_of(exc)
+        self._metrics._upstream_counter(self.upstream, self.endpoint, outcome).inc()
+        if outcome == ErrorKind.UPSTREAM_TIMEOUT.value:
+            self._metrics.record_timeout(self.upstream)
+        record = self._record
+        record.upstream = self.upstream
+        record.endpoint = self.endpoint
+        record.upstream_seconds += elapsed
+        record.upstream_attempts += 1
+
+
+class GatewayMetrics:
+    def __init__(self, registry: CollectorRegistry, *, version: str = "", max_model_labels: int = 100,
+                 known_models: Iterable[str] = (), multiprocess_dir: str | None = None) -> None:
+        if multiprocess_dir and not getattr(values.ValueClass, "_multiprocess", False):
+            # prometheus-client picks its value store when first imported.
+            raise RuntimeError("multiprocess metrics need PROMETHEUS_MULTIPROC_DIR set before "
+                               "prometheus_client is imported")
+        self.registry = registry
+        self.multiprocess_dir = multiprocess_dir
+        self.max_model_labels = max_model_labels
+        self._models: set[str] = {m for m in known_models if len(m) <= MAX_MODEL_LABEL_CHARS}
+        self._cache: dict[tuple[Any, ...], Any] = {}
+        r = registry
+
+        self.requests = Counter(
+            "gateway_requests", "Downstream requests answered, by listener, frontend protocol, operation, "
+            "model, route, upstream, protocol status code and outcome (ok or an error kind).",
+            (*REQUEST_LABELS, "code", "outcome"), registry=r)
+        self.request_duration = Histogram(
+            "gateway_request_duration_seconds", "End-to-end time from request received to response sent.",
+            REQUEST_LABELS, buckets=LATENCY_BUCKETS, registry=r)
+        self.request_size = Histogram(
+            "gateway_request_size_bytes", "Request body size as received (after transfer coding).",
+            REQUEST_LABELS, buckets=SIZE_BUCKETS, registry=r)
+        self.response_size = Histogram(
+            "gateway_response_size_bytes", "Response body size as sent (after compression).",
+            REQUEST_LABELS, buckets=SIZE_BUCKETS, registry=r)
+        self.in_flight = Gauge(
+            "gateway_requests_in_flight", "Downstream requests being handled.",
+            ("listener", "protocol"), multiprocess_mode="livesum", registry=r)
+        self.translation = Histogram(
+            "gateway_translation_duration_seconds", "Time translating between a wire format and the "
+            "canonical types; side is frontend or backend, stage is decode or encode.",
+            ("side", "protocol", "stage"), buckets=TRANSLATION_BUCKETS, registry=r)
+        self.upstream_requests = Counter(
+            "gateway_upstream_requests", "Upstream attempts by upstream, endpoint and outcome.",
+            ("upstream", "endpoint", "outcome"), registry=r)
+        self.upstream_duration = Histogram(
+            "gateway_upstream_request_duration_seconds", "Time of one upstream attempt, from sending the "
+            "request to the decoded answer.", ("upstream", "operation"), buckets=LATENCY_BUCKETS, registry=r)
+        self.upstream_in_flight = Gauge(
+            "gateway_upstream_requests_in_flight", "Upstream attempts under way.",
+            ("upstream",), multiprocess_mode="livesum", registry=r)
+        self.retries = Counter(
+            "gateway_upstream_retries", "Upstream attempts that were retries.", ("upstream",), registry=r)
+        self.timeouts = Counter(
+            "gateway_upstream_timeouts", "Upstream attempts that ran out of time.", ("upstream",), registry=r)
+        self.circuit_breaker_rejections = Counter(
+            "gateway_circuit_breaker_rejections", "Requests refused because an upstream's circuit "
+            "breaker was open or its limits were reached.", ("upstream",), registry=r)
+        self.outlier_ejections = Counter(
+            "gateway_outlier_ejections", "Endpoints ejected by outlier detection.",
+            ("upstream", "endpoint"), registry=r)
+        self.endpoint_healthy = Gauge(
+            "gateway_endpoint_healthy", "1 when the endpoint takes traffic, 0 when unhealthy or ejected "
+            "(with several workers: the minimum over live workers).",
+            ("upstream", "endpoint"), multiprocess_mode="livemin", registry=r)
+        self.reloads = Counter(
+            "gateway_config_reloads", "Configuration reloads by result (success or failure).",
+            ("result",), registry=r)
+        self.last_reload_success = Gauge(
+            "gateway_config_last_reload_success_timestamp_seconds", "Unix time of the last successful "
+            "configuration load or reload.", multiprocess_mode="max", registry=r)
+        self.last_reload_successful = Gauge(
+            "gateway_config_last_reload_successful", "1 if the last reload succeeded (with several "
+            "workers: the minimum over live workers).", multiprocess_mode="livemin", registry=r)
+        self.build_info = Gauge(
+            "gateway_build_info", "Always 1; the labels carry the gateway and Python versions.",
+            ("version", "python_version"), multiprocess_mode="max", registry=r)
+        self.worker_processes = Gauge(
+            "gateway_worker_processes", "Live gateway worker processes.", multiprocess_mode="livesum",
+            registry=r)
+        self.worker_restarts = Counter(
+            "gateway_worker_restarts", "Worker processes restarted by the supervisor after they exited "
+            "unexpectedly (counted by each restarted worker).", registry=r)
+
+        self.build_info.labels(version, platform.python_version()).set(1)
+        self.worker_processes.set(1)
+        for result in ("success", "failure"):
+            self.reloads.labels(result)
+        if not multiprocess_dir:
+            # Per-process facts; not aggregated in multiprocess mode.
+            ProcessCollector(registry=r)
+            PlatformCollector(registry=r)
+            GCCollector(registry=r)
+
+    # --- setup -------------------------------------------------------------
+
+    def declare_upstream(self, upstream: str, endpoints: Iterable[str]) -> None:
+        """Create an upstream's series at zero so rates exist from the start."""
+        for counter in (self.retries, self.timeouts, self.circuit_breaker_rejections):
+            counter.labels(upstream)
+        self.upstream_in_flight.labels(upstream)
+        for endpoint in endpoints:
+            self.outlier_ejections.labels(upstream, endpoint)
+            self.set_endpoint_health(upstream, endpoint, True)
+
+    def record_config_loaded(self, now: float | None = None) -> None:
+        self.last_reload_success.set(time.time() if now is None else now)
+        self.last_reload_successful.set(1)
+
+    # --- per request --------------------------------------------------------
+
+    def requests_in_flight(self, listener: str, protocol: str) -> Any:
+        """The pre-bound in-flight gauge of one listener (``inc``/``dec``)."""
+        return self.in_flight.labels(listener, protocol)
+
+    def upstream_call(self, record: RequestRecord, upstream: str, endpoint: str) -> UpstreamCall:
+        """``with metrics.upstream_call(ctx.record, name, endpoint): await ...``
+        around each upstream attempt (retries included, one each)."""
+        return UpstreamCall(self, record, upstream, endpoint)
+
+    def model_label(self, model: str, outcome: str) -> str:
+        """``model`` while the label set is under its cap; a fixed value after."""
+        if not model or model in self._models:
+            return model
+        if outcome == ErrorKind.MODEL_NOT_FOUND.value:
+            return UNKNOWN_MODEL  # a typo or a probe must not use up the cap
+        if len(self._models) >= self.max_model_labels or len(model) > MAX_MODEL_LABEL_CHARS:
+            return OTHER_MODEL
+        self._models.add(model)
+        return model
+
+    def observe_request(self, listener: str, protocol: str, record: RequestRecord, duration: float) -> None:
+        """Record one finished downstream request (called once per request)."""
+        labels = (listener, protocol, record.operation, self.model_label(record.model, record.outcome),
+                  record.route, record.upstream)
+        series = self._cache.get(labels)
+        if series is None:
+            series = self._cache[labels] = (self.request_duration.labels(*labels),
+                                            self.request_size.labels(*labels),
+                                            self.response_size.labels(*labels))
+        counter_key = (*labels, record.status, record.outcome)
+        counter = self._cache.get(counter_key)
+        if counter is None:
+            counter = self._cache[counter_key] = self.requests.labels(*counter_key)
+        counter.inc()
+        series[0].observe(duration)
+        series[1].observe(record.request_bytes)
+        series[2].observe(record.response_bytes)
+        if record.decode_seconds:
+            self.observe_translation("frontend", protocol, "decode", record.decode_seconds)
+        if record.encode_seconds:
+            self.observe_translation("frontend", protocol, "encode", record.encode_seconds)
+
+    def observe_translation(self, side: str, protocol: str, stage: str, seconds: float) -> None:
+        key = ("translation", side, protocol, stage)
+        child = self._cache.get(key)
+        if child is None:
+            child = self._cache[key] = self.translation.labels(side, protocol, stage)
+        child.observe(seconds)
+
+    def _upstream_children(self, upstream: str, operation: str) -> tuple[Any, Any]:
+        key = ("upstream", upstream, operation)
+        children = self._cache.get(key)
+        if children is None:
+            children = self._cache[key] = (self.upstream_in_flight.labels(upstream),
+                                           self.upstream_duration.labels(upstream, operation))
+        return children  # type: ignore[no-any-return]
+
+    def _upstream_counter(self, upstream: str, endpoint: str, outcome: str) -> Any:
+        key = ("upstream_requests", upstream, endpoint, outcome)
+        child = self._cache.get(key)
+        if child is None:
+            child = self._cache[key] = self.upstream_requests.labels(upstream, endpoint, outcome)
+        return child
+
+    # --- resilience events (wired by the proxy and server) ------------------
+
+    def record_retry(self, upstream: str) -> None:
+        self.retries.labels(upstream).inc()
+
+    def record_timeout(self, upstream: str) -> None:
+        self.timeouts.labels(upstream).inc()
+
+    def record_circuit_breaker_rejection(self, upstream: str) -> None:
+        self.circuit_breaker_rejections.labels(upstream).inc()
+
+    def record_ejection(self, upstream: str, endpoint: str) -> None:
+        self.outlier_ejections.labels(upstream, endpoint).inc()
+
+    def set_endpoint_health(self, upstream: str, endpoint: str, healthy: bool) -> None:
+        self.endpoint_healthy.labels(upstream, endpoint).set(1 if healthy else 0)
+
+    def record_worker_restart(self) -> None:
+        self.worker_restarts.inc()
+
+    def record_reload(self, success: bool, now: float | None = None) -> None:
+        self.reloads.labels("success" if success else "failure").inc()
+        if success:
+            self.record_config_loaded(now)
+        else:
+            self.last_reload_successful.set(0)
+
+    # --- exposition -----------------------------------------------------------
+
+    def render(self, accept: str = "") -> tuple[bytes, str]:
+        """The exposition for a scrape: body and content type (Prometheus
+        text, or OpenMetrics when the scraper asks for it)."""
+        registry = self.registry
+        if self.multiprocess_dir:
+            registry = CollectorRegistry(auto_describe=False)
+            MultiProcessCollector(registry, path=self.multiprocess_dir)
+        encoder, content_type = choose_encoder(accept)
+        return encoder(registry), content_type
+
+
+def metrics_of(services: Any) -> GatewayMetrics:
+    """``services.metrics``, or a private unexported set for callers (tests)
+    that build a data plane without the full services."""
+    metrics = getattr(services, "metrics", None)
+    if isinstance(metrics, GatewayMetrics):
+        return metrics
+    return GatewayMetrics(CollectorRegistry(auto_describe=False))

@@ -1,0 +1,334 @@
+"""deploy/: Kubernetes manifests, Dockerfile, Prometheus and Grafana files.
+
+No cluster and no Docker engine run here, so the files are checked offline:
+Kubernetes objects against the API's own schemas (kubernetes-validate,
+strict), Prometheus Operator objects against a schema of the CRD fields we
+use (kubernetes-validate has no CRD schemas), the Dockerfile with hadolint and
+by its instructions, the Prometheus config with promtool, and every piece
+that must agree with the gateway's config (ports, probes, drain budget).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+from prometheus_client import CollectorRegistry
+
+from gateway.config import GatewayConfig, parse_config
+from gateway.confignode import ConfigError
+from gateway.metrics import GatewayMetrics
+from gateway.protocols import registry
+from peers.prometheus import promtool
+from support import REPO
+
+DEPLOY = REPO / "deploy"
+KUBERNETES = DEPLOY / "kubernetes"
+# Native sidecars are on by default from 1.29, the preStop sleep action from 1.30.
+KUBERNETES_VERSIONS = ("1.30", kubernetes_validate.latest_version())
+# Assumed drain settings of the gateway (being built in parallel), see deploy docs.
+DRAIN_GRACE, DRAIN_DEADLINE, EXIT_MARGIN = 5, 25, 5
+
+_LABEL_SELECTOR = {"type": "object", "additionalProperties": False, "properties": {
+    "matchLabels": {"type": "object", "additionalProperties": {"type": "string"}},
+    "matchExpressions": {"type": "array"}}}
+_ENDPOINT_FIELDS = {
+    "port": {"type": "string"}, "path": {"type": "string", "pattern": "^/"},
+    "scheme": {"enum": ["http", "https"]}, "interval": {"type": "string", "pattern": r"^\d+(ms|s|m|h)$"},
+    "scrapeTimeout": {"type": "string", "pattern": r"^\d+(ms|s|m|h)$"}, "honorLabels": {"type": "boolean"},
+    "relabelings": {"type": "array"}, "metricRelabelings": {"type": "array"}, "params": {"type": "object"},
+}
+
+
+def _monitor_schema(kind: str, endpoints_key: str, extra: dict[str, Any]) -> dict[str, Any]:
+    """The fields of the Prometheus Operator's monitoring.coreos.com/v1 CRD
+    (as documented in its API reference) that these manifests may use."""
+    endpoint = {"type": "object", "additionalProperties": False, "required": ["port"],
+                "properties": {**_ENDPOINT_FIELDS, **extra}}
+    return {
+        "type": "object", "required": ["apiVersion", "kind", "metadata", "spec"], "additionalProperties": False,
+        "properties": {
+            "apiVersion": {"const": "monitoring.coreos.com/v1"}, "kind": {"const": kind},
+            "metadata": {"type": "object", "required": ["name"]},
+            "spec": {"type": "object", "required": ["selector", endpoints_key], "additionalProperties": False,
+                     "properties": {
+                         "selector": _LABEL_SELECTOR, "jobLabel": {"type": "string"},
+                         "namespaceSelector": {"type": "object"}, "sampleLimit": {"type": "integer"},
+                         "podTargetLabels": {"type": "array"}, "targetLabels": {"type": "array"},
+                         endpoints_key: {"type": "array", "minItems": 1, "items": endpoint}}}}}
+
+
+CRD_SCHEMAS = {
+    "ServiceMonitor": _monitor_schema("ServiceMonitor", "endpoints", {"targetPort": {}}),
+    "PodMonitor": _monitor_schema("PodMonitor", "podMetricsEndpoints", {"portNumber": {"type": "integer"}}),
+}
+
+
+def manifests() -> list[tuple[Path, dict[str, Any]]]:
+    found = []
+    for path in sorted(KUBERNETES.rglob("*.yaml")):
+        for document in yaml.safe_load_all(path.read_text()):
+            if document:
+                found.append((path, document))
+    return found
+
+
+def objects(directory: str, kind: str) -> list[dict[str, Any]]:
+    return [doc for path, doc in manifests() if path.parent.name == directory and doc["kind"] == kind]
+
+
+def pod_spec(directory: str) -> dict[str, Any]:
+    (deployment,) = objects(directory, "Deployment")
+    return deployment["spec"]["template"]["spec"]  # type: ignore[no-any-return]
+
+
+def gateway_container(directory: str) -> dict[str, Any]:
+    spec = pod_spec(directory)
+    containers = spec.get("initContainers", []) + spec["containers"]
+    return next(c for c in containers if c["name"] == "gateway")
+
+
+def gateway_config(directory: str) -> GatewayConfig:
+    """The ConfigMap's gateway.yaml, parsed by the gateway itself.
+
+    Protocols built in parallel (v2-grpc) are not yet in every branch's
+    registry: only "unknown protocol" problems naming such a protocol are
+    tolerated, and only while the registry lacks it; the config is then
+    checked without those parts.
+    """
+    (config_map,) = objects(directory, "ConfigMap")
+    data = yaml.safe_load(config_map["data"]["gateway.yaml"])
+    try:
+        return parse_config(data, f"{directory}/configmap.yaml")
+    except ConfigError as exc:
+        known = {"frontend": set(registry.FRONTENDS), "backend": set(registry.BACKENDS)}
+        for problem in exc.problems:
+            match = re.search(r"unknown (frontend|backend) protocol '([\w-]+)'", problem)
+            assert match and match.group(2) not in known[match.group(1)], problem
+        data["listeners"] = [x for x in data["listeners"] if x["protocol"] in known["frontend"]]
+        for upstream in data["upstreams"]:
+            if upstream["protocol"] not in known["backend"]:
+                upstream["protocol"] = "builtin"
+                upstream.pop("endpoints")
+        return parse_config(data)
+
+
+# --- Kubernetes ---------------------------------------------------------------
+
+
+def test_every_manifest_is_valid() -> None:
+    checked = set()
+    for path, document in manifests():
+        kind = document["kind"]
+        if kind == "Kustomization":
+            listed = set(document["resources"])
+            assert listed == {p.name for p in path.parent.glob("*.yaml")} - {path.name}, path
+        elif kind in CRD_SCHEMAS:
+            jsonschema.validate(document, CRD_SCHEMAS[kind])
+        else:
+            for version in KUBERNETES_VERSIONS:
+                kubernetes_validate.validate(document, version, strict=True)
+        checked.add(kind)
+    assert checked >= {"ConfigMap", "Deployment", "Service", "HorizontalPodAutoscaler", "PodDisruptionBudget",
+                       "ServiceMonitor", "PodMonitor", "Kustomization"}
+
+
+def test_validation_catches_mistakes() -> None:
+    """The checks above can fail: a misspelt field and a wrong CRD field."""
+    deployment = objects("sidecar", "Deployment")[0]
+    deployment["spec"]["template"]["spec"]["initContainers"][0]["restartPolicyy"] = "Always"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(deployment, KUBERNETES_VERSIONS[0], strict=True)
+    monitor = objects("standalone", "ServiceMonitor")[0]
+    monitor["spec"]["endpoints"][0]["intervall"] = "15s"
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(monitor, CRD_SCHEMAS["ServiceMonitor"])
+
+
+def test_sidecar_is_a_native_sidecar_fronting_the_model_server() -> None:
+    spec = pod_spec("sidecar")
+    (gateway,) = spec["initContainers"]
+    assert gateway["restartPolicy"] == "Always"
+    config = gateway_config("sidecar")
+    model_ports = {p["containerPort"] for c in spec["containers"] for p in c["ports"]}
+    for upstream in yaml.safe_load(objects("sidecar", "ConfigMap")[0]["data"]["gateway.yaml"])["upstreams"]:
+        for endpoint in upstream["endpoints"]:
+            host, port = endpoint.rsplit(":", 1)
+            assert host == "127.0.0.1" and int(port) in model_ports  # same pod, over loopback
+    (service,) = objects("sidecar", "Service")
+    gateway_port_names = {p["name"] for p in gateway["ports"]}
+    assert {p["targetPort"] for p in service["spec"]["ports"]} <= gateway_port_names
+    assert config.admin.address is not None
+
+
+@pytest.mark.parametrize("directory", ["standalone", "sidecar"])
+def test_ports_probes_and_drain_budget_agree_with_the_config(directory: str) -> None:
+    config = gateway_config(directory)
+    container = gateway_container(directory)
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    raw = yaml.safe_load(objects(directory, "ConfigMap")[0]["data"]["gateway.yaml"])
+    for listener in raw["listeners"]:
+        assert int(listener["address"].rsplit(":", 1)[1]) in ports.values(), listener
+    assert config.admin.address is not None and config.admin.address.host == "0.0.0.0"
+    admin_port = config.admin.address.port
+
+    def port_of(probe: dict[str, Any]) -> int:
+        action = probe.get("httpGet") or probe.get("grpc")
+        assert action is not None
+        port = action["port"]
+        return ports[port] if isinstance(port, str) else int(port)
+
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert port_of(container["livenessProbe"]) == port_of(container["readinessProbe"]) == admin_port
+    startup = container["startupProbe"]
+    if "grpc" in startup:  # the gRPC health service lives on a v2-grpc listener
+        grpc_ports = [int(x["address"].rsplit(":", 1)[1]) for x in raw["listeners"] if x["protocol"] == "v2-grpc"]
+        assert port_of(startup) in grpc_ports
+    pod = pod_spec(directory)
+    annotations = objects(directory, "Deployment")[0]["spec"]["template"]["metadata"]["annotations"]
+    assert int(annotations["prometheus.io/port"]) == admin_port and annotations["prometheus.io/path"] == "/metrics"
+    pre_stop = container["lifecycle"]["preStop"]["sleep"]["seconds"]
+    assert pod["terminationGracePeriodSeconds"] >= pre_stop + DRAIN_GRACE + DRAIN_DEADLINE + EXIT_MARGIN
+    security = container["securityContext"]
+    assert security["readOnlyRootFilesystem"] and not security["allowPrivilegeEscalation"]
+    assert security["capabilities"]["drop"] == ["ALL"] and pod["securityContext"]["runAsNonRoot"]
+    assert {"cpu", "memory"} <= set(container["resources"]["requests"])
+    mounts = {m["mountPath"] for m in container["volumeMounts"]}
+    assert "/tmp" in mounts  # writable: the --workers metrics directory lives there
+
+
+def test_monitors_select_the_gateway_ports() -> None:
+    (monitor,) = objects("standalone", "ServiceMonitor")
+    (service,) = objects("standalone", "Service")
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    service_ports = {p["name"]: p for p in service["spec"]["ports"]}
+    admin = gateway_config("standalone").admin.address
+    assert admin is not None
+    for endpoint in monitor["spec"]["endpoints"]:
+        assert service_ports[endpoint["port"]]["port"] == admin.port and endpoint["path"] == "/metrics"
+    (pod_monitor,) = objects("sidecar", "PodMonitor")
+    labels = objects("sidecar", "Deployment")[0]["spec"]["template"]["metadata"]["labels"]
+    assert pod_monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    container_ports = {p["name"]: p["containerPort"] for p in gateway_container("sidecar")["ports"]}
+    sidecar_admin = gateway_config("sidecar").admin.address
+    assert sidecar_admin is not None
+    for endpoint in pod_monitor["spec"]["podMetricsEndpoints"]:
+        assert container_ports[endpoint["port"]] == sidecar_admin.port
+
+
+# --- Dockerfile -----------------------------------------------------------------
+
+
+def dockerfile_instructions() -> list[tuple[str, str]]:
+    text = (DEPLOY / "Dockerfile").read_text().replace("\\\n", " ")
+    lines = [line.strip() for line in text.splitlines() if line.strip() and not line.strip().startswith("#")]
+    return [(line.split(None, 1)[0].upper(), line.split(None, 1)[1] if " " in line else "") for line in lines]
+
+
+def test_dockerfile_passes_hadolint() -> None:
+    hadolint = shutil.which("hadolint") or str(Path(sys.executable).parent / "hadolint")
+    result = subprocess.run([hadolint, "--failure-threshold", "info", str(DEPLOY / "Dockerfile")],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_dockerfile_is_slim_non_root_exec_form_and_health_checked() -> None:
+    instructions = dockerfile_instructions()
+    stages = [i for i, (op, _) in enumerate(instructions) if op == "FROM"]
+    final = instructions[stages[-1]:]
+    ops = [op for op, _ in final]
+    args = {op: arg for op, arg in final}
+    assert "slim" in dict(instructions)["ARG"]  # the base image
+    user = args["USER"].split(":")[0]
+    assert user not in ("0", "root") and ops.index("USER") < ops.index("ENTRYPOINT")
+    assert json.loads(args["ENTRYPOINT"]) == ["gateway"]  # exec form: PID 1 gets SIGTERM
+    assert json.loads(args["CMD"])[0] == "serve"
+    health = re.match(r"(--\S+\s+)*CMD\s+(\[.*\])$", args["HEALTHCHECK"])
+    assert health and "/healthz" in health.group(2) and json.loads(health.group(2))[0] == "python"
+    assert {"8000", "8002"} <= set(args["EXPOSE"].split())
+    lines = (DEPLOY / "Dockerfile.dockerignore").read_text().splitlines()
+    assert lines[lines.index("*") - 1].startswith("#") or lines[0] == "*"  # everything is ignored first...
+    included = [line[1:].rstrip("/") for line in lines if line.startswith("!")]  # ...then these come back
+    for op, arg in instructions:  # every file copied from the context exists and is not ignored
+        if op == "COPY" and not arg.startswith("--from"):
+            for source in arg.split()[:-1]:
+                source = source.rstrip("/")
+                assert (REPO / source).exists() and not (REPO / source).is_symlink(), source
+                assert any(source == p or source.startswith(p + "/") for p in included), source
+
+
+def test_image_entrypoint_command_is_the_real_cli(tmp_path: Path) -> None:
+    """What the image runs (`gateway serve --config <the image's config>`) is
+    accepted by the CLI: `gateway check` on the same file."""
+    args = dict(dockerfile_instructions())
+    config_in_image = json.loads(args["CMD"])[json.loads(args["CMD"]).index("--config") + 1]
+    copied = next(a.split() for op, a in dockerfile_instructions() if op == "COPY" and a.endswith(config_in_image))
+    result = subprocess.run([sys.executable, "-m", "gateway", "check", "--config", str(REPO / copied[0])],
+                            capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert result.returncode == 0, result.stderr
+
+
+# --- Prometheus and Grafana ------------------------------------------------------
+
+
+def test_plain_prometheus_scrape_config(tmp_path: Path) -> None:
+    """promtool checks the config. Debian's prometheus is built without
+    Kubernetes service discovery, so promtool is given the same config with
+    each kubernetes_sd_configs swapped for a static target (relabel rules,
+    regexes and everything else still checked), and the Kubernetes SD blocks
+    are checked here for the fields they use."""
+    config = yaml.safe_load((DEPLOY / "prometheus/prometheus.yml").read_text())
+    jobs = {job["job_name"]: job for job in config["scrape_configs"]}
+    sd = jobs["inference-gateway"]["kubernetes_sd_configs"]
+    assert sd == [{"role": "pod"}]
+    for job in config["scrape_configs"]:
+        if "kubernetes_sd_configs" in job:
+            del job["kubernetes_sd_configs"]
+            job["static_configs"] = [{"targets": ["127.0.0.1:8002"]}]
+    checked = tmp_path / "prometheus.yml"
+    checked.write_text(yaml.safe_dump(config))
+    result = promtool("check", "config", str(checked))
+    assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()
+    kept = jobs["inference-gateway"]["relabel_configs"][0]
+    assert kept["source_labels"] == ["__meta_kubernetes_pod_annotation_prometheus_io_scrape"]
+    assert kept["action"] == "keep"
+
+
+def exported_metric_names() -> set[str]:
+    """Every series name the gateway's metrics can expose."""
+    suffixes = {"histogram": ("_bucket", "_sum", "_count"), "counter": ("_total",)}
+    return {family.name + suffix for family in GatewayMetrics(CollectorRegistry()).registry.collect()
+            for suffix in suffixes.get(family.type, ("",))}
+
+
+def test_grafana_dashboard_uses_only_exported_metrics() -> None:
+    dashboard = json.loads((DEPLOY / "grafana/inference-gateway-dashboard.json").read_text())
+    assert dashboard["uid"] and dashboard["title"]
+    panels = dashboard["panels"]
+    assert len({p["id"] for p in panels}) == len(panels) >= 10
+    exported = exported_metric_names()
+    used = set()
+    for panel in panels:
+        assert panel["targets"], panel["title"]
+        for target in panel["targets"]:
+            names = set(re.findall(r"\bgateway_[a-z_]+", target["expr"]))
+            assert names, target["expr"]
+            unknown = names - exported
+            assert not unknown, (panel["title"], unknown)
+            used |= names
+    # the main metrics all have a panel
+    for name in ("gateway_requests_total", "gateway_request_duration_seconds_bucket",
+                 "gateway_upstream_request_duration_seconds_bucket", "gateway_translation_duration_seconds_bucket",
+                 "gateway_requests_in_flight", "gateway_upstream_retries_total", "gateway_endpoint_healthy",
+                 "gateway_config_reloads_total"):
+        assert name in used, name
