@@ -17,7 +17,6 @@ import aiohttp
 
 from gateway.confignode import Node
 from gateway.errors import ErrorKind, GatewayError, invalid
-from gateway.httpserver import REQUEST_ID_HEADER
 from gateway.protocols.base import UpstreamClient
 from gateway.protocols.graphstorm import codec
 from gateway.protocols.graphstorm.graph import (
@@ -79,9 +78,7 @@ class GraphStormClient(UpstreamClient):
             if task not in NODE_TASKS + EDGE_TASKS:
                 raise invalid(f"parameter '{TASK_PARAMETER}' must be one of {', '.join(NODE_TASKS + EDGE_TASKS)}")
             body = codec.encode_request(graph, task)
-        headers = {"Content-Type": codec.JSON_TYPE, "Accept": codec.JSON_TYPE}
-        if ctx.request_id:
-            headers[REQUEST_ID_HEADER] = ctx.request_id
+        headers = {"Content-Type": codec.JSON_TYPE, "Accept": codec.JSON_TYPE, **ctx.upstream_headers()}
         if codec.TARGET_MODEL_HEADER.lower() in ctx.headers:
             headers[codec.TARGET_MODEL_HEADER] = request.model_name
         answer = await self._exchange("POST", self.options.invocations_path, body, headers)

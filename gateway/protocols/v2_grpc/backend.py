@@ -65,7 +65,7 @@ class V2GrpcClient(UpstreamClient):
         call = self._calls.get(name)
         if call is None:
             raise GatewayError(ErrorKind.INTERNAL, f"upstream {self.label} is not started")
-        metadata = (("x-request-id", ctx.request_id),) if ctx.request_id else None
+        metadata = tuple(ctx.upstream_headers().items()) or None
         try:
             data = await call(request, timeout=timeout, metadata=metadata)
         except grpc.aio.AioRpcError as exc:

@@ -8,9 +8,9 @@ protobuf gets INVALID_ARGUMENT rather than grpc's generic INTERNAL.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +22,15 @@ from grpc_reflection.v1alpha import reflection
 
 from gateway.confignode import Node
 from gateway.errors import ErrorKind, GatewayError, malformed
+from gateway.observe import (
+    OUTCOME_CANCELLED,
+    TRACEPARENT_HEADER,
+    TRACESTATE_HEADER,
+    accept_request_id,
+    accept_traceparent,
+    accept_tracestate,
+    finish_request,
+)
 from gateway.protocols.base import Frontend
 from gateway.protocols.v2_grpc import codec
 from gateway.protocols.v2_grpc import messages as pb
@@ -107,36 +116,63 @@ class V2GrpcFrontend(Frontend):
     def _handler(self, name: str, request_class: Any) -> Callable[[bytes, grpc.aio.ServicerContext], Awaitable[Any]]:
         operation: Callable[[Any, RequestContext], Awaitable[Any]] = getattr(self, f"_{name}")
         type_name = request_class.DESCRIPTOR.full_name
+        services = self.services
+        in_flight = services.metrics.requests_in_flight(self.listener.name, PROTOCOL)
 
         async def handle(data: bytes, context: grpc.aio.ServicerContext) -> Any:
+            ctx = self._context(context)
+            record = ctx.record
+            record.operation, record.method, record.peer = name, "POST", context.peer() or ""
+            record.path = f"/{pb.SERVICE}/{name}"
+            record.request_bytes = len(data)
+            if services.tracing is not None:
+                services.tracing.start(ctx)
+            in_flight.inc()
             failure: GatewayError
             try:
                 try:
-                    request = request_class.FromString(data)
+                    message: Any = request_class.FromString(data)
                 except DecodeError:
                     raise malformed(f"the request is not a valid {type_name} message") from None
-                ctx = self._context(context, getattr(request, "id", ""))
-                context.set_trailing_metadata(((REQUEST_ID_KEY, ctx.request_id),))
-                return await operation(request, ctx)
+                message_id = str(getattr(message, "id", ""))
+                if REQUEST_ID_KEY not in ctx.headers and message_id:
+                    ctx.request_id = accept_request_id(message_id)  # the message's own id, as Triton echoes it
+                reply = await operation(message, ctx)
+                record.status, record.response_bytes = grpc.StatusCode.OK.name, reply.ByteSize()
+                return reply
             except GatewayError as error:
                 failure = error
+            except asyncio.CancelledError:  # the client went away or its deadline passed
+                record.status, record.outcome = grpc.StatusCode.CANCELLED.name, OUTCOME_CANCELLED
+                raise
             except Exception:
                 log.exception("unhandled error in %s", name)
                 failure = GatewayError(ErrorKind.INTERNAL, "internal error")
+            finally:
+                in_flight.dec()
+                context.set_trailing_metadata(tuple(ctx.upstream_headers().items()))
+                if record.status:
+                    finish_request(services, ctx)
             code, message = codec.encode_error(failure)
+            record.status = code.name
+            record.fail(failure.kind.value, failure.message)
+            finish_request(services, ctx)
             await context.abort(code, message)
 
         return handle
 
-    def _context(self, context: grpc.aio.ServicerContext, message_id: str) -> RequestContext:
+    def _context(self, context: grpc.aio.ServicerContext) -> RequestContext:
         metadata = _metadata_dict(context)
         remaining = context.time_remaining()
+        traceparent = accept_traceparent(metadata.get(TRACEPARENT_HEADER))
         return RequestContext(
             listener=self.listener.name,
             protocol=PROTOCOL,
-            request_id=metadata.get(REQUEST_ID_KEY) or message_id or uuid.uuid4().hex,
+            request_id=accept_request_id(metadata.get(REQUEST_ID_KEY)),
             headers=metadata,
             deadline=time.monotonic() + remaining if remaining is not None else None,
+            traceparent=traceparent,
+            tracestate=accept_tracestate(metadata.get(TRACESTATE_HEADER), traceparent),
         )
 
     # --- the six RPCs ------------------------------------------------------------
@@ -167,6 +203,11 @@ class V2GrpcFrontend(Frontend):
         return codec.encode_model_metadata(metadata)
 
     async def _ModelInfer(self, request: Any, ctx: RequestContext) -> Any:
+        started = time.perf_counter()
         infer_request = codec.decode_infer_request(request, self.services.config.limits.max_tensor_elements)
+        ctx.record.decode_seconds = time.perf_counter() - started
         response = await self.dataplane.infer(infer_request, ctx)
-        return codec.encode_infer_response(response, typed=self.options.output_contents == "typed")
+        started = time.perf_counter()
+        reply = codec.encode_infer_response(response, typed=self.options.output_contents == "typed")
+        ctx.record.encode_seconds = time.perf_counter() - started
+        return reply

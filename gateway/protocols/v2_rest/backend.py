@@ -87,8 +87,8 @@ class V2RestClient(UpstreamClient):
         # Tensors barely compress and the upstream is usually near: ask for
         # none (MLServer would gzip every reply aiohttp's default accepts).
         headers = {"Accept-Encoding": "identity", **(headers or {})}
-        if ctx is not None and ctx.request_id:
-            headers["x-request-id"] = ctx.request_id
+        if ctx is not None:
+            headers.update(ctx.upstream_headers())
         try:
             async with self._session.request(method, path, data=body, headers=headers) as response:
                 declared = response.content_length
