@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 from typing import TYPE_CHECKING
 
@@ -32,12 +33,41 @@ async def routes(request: web.Request) -> web.Response:
     return web.json_response({"routes": gateway.dataplane.routes.describe()})  # type: ignore[attr-defined]
 
 
+async def upstreams(request: web.Request) -> web.Response:
+    """Every upstream with its endpoints: health, ejection, in flight, counters."""
+    gateway = request.app[GATEWAY]
+    clusters = gateway.dataplane.clusters.values()  # type: ignore[attr-defined]
+    return web.json_response({"upstreams": [cluster.snapshot() for cluster in clusters]})
+
+
+def _from_loopback(request: web.Request) -> bool:
+    try:
+        return ipaddress.ip_address((request.remote or "").split("%")[0]).is_loopback
+    except ValueError:
+        return False
+
+
+async def reload(request: web.Request) -> web.Response:
+    """Re-read the configuration file; 200 when applied, 400 with the problems
+    (each with its YAML path) when rejected. Loopback clients only, unless
+    ``admin.allow_remote_reload``."""
+    gateway = request.app[GATEWAY]
+    if not (_from_loopback(request) or gateway.config.admin.allow_remote_reload):  # type: ignore[attr-defined]
+        return web.json_response({"error": "reload is only allowed from loopback (admin.allow_remote_reload)"},
+                                 status=403)
+    result = await gateway.reload()  # type: ignore[attr-defined]
+    body = {"reloaded": result.ok, "source": result.source, "problems": list(result.problems)}
+    return web.json_response(body, status=200 if result.ok else 400)
+
+
 def build_admin_app(gateway: Gateway) -> web.Application:
     app = web.Application()
     app[GATEWAY] = gateway
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/routes", routes)
+    app.router.add_get("/upstreams", upstreams)
+    app.router.add_post("/reload", reload)
     return app
 
 

@@ -44,10 +44,10 @@ def _load(path: str | None) -> GatewayConfig | None:
         return None
 
 
-async def _serve(config: GatewayConfig, port_file: Path | None) -> None:
+async def _serve(config: GatewayConfig, config_path: str | None, port_file: Path | None) -> None:
     from gateway.server import Gateway
 
-    gateway = Gateway(config)
+    gateway = Gateway(config, config_path)
     try:
         await gateway.start()
     except OSError as exc:
@@ -86,5 +86,5 @@ def main(argv: list[str] | None = None) -> int:
             print(line)
         return 0
     _install_uvloop()
-    asyncio.run(_serve(config, args.port_file))
+    asyncio.run(_serve(config, args.config, args.port_file))
     return 0

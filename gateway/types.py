@@ -180,8 +180,25 @@ class RequestContext:
     # Absolute time.monotonic() by which the answer is due; None = no deadline.
     deadline: float | None = None
     started: float = field(default_factory=time.monotonic)
+    # Headers an upstream client sends with the call: the route's allowlist
+    # plus the request id and W3C trace context (set by the data plane).
+    forward_headers: Mapping[str, str] = field(default_factory=dict)
+    route: str = ""  # name of the route that matched (set by the data plane)
+    # One entry per upstream try, retries and their endpoints included.
+    attempts: list[UpstreamAttempt] = field(default_factory=list)
 
     def remaining(self) -> float | None:
         if self.deadline is None:
             return None
         return self.deadline - time.monotonic()
+
+
+@dataclass(slots=True)
+class UpstreamAttempt:
+    """One try of a request against one endpoint (for logs and metrics)."""
+
+    upstream: str
+    endpoint: str
+    started: float  # time.monotonic()
+    duration: float = 0.0
+    outcome: str = "ok"  # "ok", or a failure reason / error kind value
