@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import logging
 from typing import TYPE_CHECKING
@@ -60,6 +61,12 @@ async def reload(request: web.Request) -> web.Response:
     return web.json_response(body, status=200 if result.ok else 400)
 
 
+async def reload_status(request: web.Request) -> web.Response:
+    """How reloads went: counts, last success and failure (Unix times), last error."""
+    gateway = request.app[GATEWAY]
+    return web.json_response(dataclasses.asdict(gateway.counters.reload))  # type: ignore[attr-defined]
+
+
 def build_admin_app(gateway: Gateway) -> web.Application:
     app = web.Application()
     app[GATEWAY] = gateway
@@ -68,6 +75,7 @@ def build_admin_app(gateway: Gateway) -> web.Application:
     app.router.add_get("/routes", routes)
     app.router.add_get("/upstreams", upstreams)
     app.router.add_post("/reload", reload)
+    app.router.add_get("/reload", reload_status)
     return app
 
 

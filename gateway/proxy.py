@@ -228,6 +228,8 @@ class DataPlane:
                                                   cluster)
                     lease.release(reason)
                     record.outcome = reason or error.kind.value
+                    log.debug("attempt %d of %s on %s failed: %s", attempt, ctx.request_id, lease.endpoint.address,
+                              error.message)
                 else:
                     lease.release(None)
                     return result

@@ -71,7 +71,7 @@ class GatewayProcess:
         env = {**os.environ, **self.extra_env}
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", self.module, "--log-level", "info", "serve",
+            [sys.executable, "-m", self.module, "--log-level", os.environ.get("GW_TEST_LOG", "info"), "serve",
              "--config", str(self.config_path), "--port-file", str(self.port_file)],
             cwd=REPO, env=env, stdout=self._log, stderr=subprocess.STDOUT)
 

@@ -129,22 +129,42 @@ class EchoServer:
         self.port = 0
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self, timeout: float = 20.0) -> EchoServer:
-        from support import wait_for
+    @property
+    def _port_file(self) -> Path:
+        return self.directory / f"echo-{self.name}.port"
 
-        port_file = self.directory / f"echo-{self.name}.port"
-        port_file.unlink(missing_ok=True)
+    def launch(self) -> EchoServer:
+        """Start the process (on the same port as before, after a restart)."""
+        self._port_file.unlink(missing_ok=True)
         env = {**os.environ, "PYTHONPATH": f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "peers.echo_upstream", "--id", self.name, "--port", str(self.port),
-             "--port-file", str(port_file), "--delay", str(self.delay)],
+             "--port-file", str(self._port_file), "--delay", str(self.delay)],
             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_for(lambda: port_file.exists() or self.proc.poll() is not None,  # type: ignore[union-attr]
-                 timeout, f"echo server {self.name} to start")
-        if self.proc.poll() is not None:
-            raise RuntimeError(f"echo server {self.name} exited with {self.proc.returncode}")
-        self.port = int(port_file.read_text())
         return self
+
+    def wait_ready(self, timeout: float = 20.0) -> EchoServer:
+        from support import wait_for
+
+        proc = self.proc
+        assert proc is not None, "launch() first"
+        wait_for(lambda: self._port_file.exists() or proc.poll() is not None, timeout,
+                 f"echo server {self.name} to start")
+        if proc.poll() is not None:
+            raise RuntimeError(f"echo server {self.name} exited with {proc.returncode}")
+        self.port = int(self._port_file.read_text())
+        return self
+
+    def start(self, timeout: float = 20.0) -> EchoServer:
+        return self.launch().wait_ready(timeout)
+
+    @staticmethod
+    def start_all(servers: list[EchoServer]) -> None:
+        """Start several at once: their start-up times overlap."""
+        for server in servers:
+            server.launch()
+        for server in servers:
+            server.wait_ready()
 
     @property
     def address(self) -> str:
