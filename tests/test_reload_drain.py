@@ -3,29 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import signal
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
+from peers.echo_gateway import admin_call, echo_gateway, rest_base
 from peers.echo_upstream import EchoServer
 from peers.load import PAYLOAD, infer, run_load
 from support import GatewayProcess, wait_for
-from test_resilience import admin_get, base, echo_gateway
-
-
-def admin_post(gw: GatewayProcess, path: str) -> tuple[int, Any]:
-    request = urllib.request.Request(f"http://127.0.0.1:{gw.ports['admin']}{path}", data=b"", method="POST")
-    try:
-        with urllib.request.urlopen(request, timeout=10) as reply:
-            return reply.status, json.loads(reply.read())
-    except urllib.error.HTTPError as error:
-        return error.code, json.loads(error.read())
 
 
 def config(a: EchoServer, b: EchoServer, route: str, extra: str = "") -> str:
@@ -43,7 +31,7 @@ routes:
 
 def routed_to(gw: GatewayProcess) -> str:
     """The upstream of the first route, as the admin endpoint shows it."""
-    return str(admin_get(gw, "/routes")[1]["routes"][0].split(" -> ")[1].split()[0])
+    return str(admin_call(gw, "/routes")[1]["routes"][0].split(" -> ")[1].split()[0])
 
 
 TO_A = "  - {name: main, match: {model: '*'}, upstream: a}"
@@ -58,7 +46,7 @@ async def test_reload_under_load_switches_atomically_and_rejects_bad_files(tmp_p
         with echo_gateway(tmp_path, config(a, b, TO_A)) as gw:
             path = gw.config_path
             stop = asyncio.Event()
-            load = asyncio.ensure_future(run_load(base(gw), "m", duration=20, concurrency=6, stop=stop))
+            load = asyncio.ensure_future(run_load(rest_base(gw), "m", duration=20, concurrency=6, stop=stop))
             await asyncio.sleep(0.5)
 
             path.write_text(config(a, b, TO_B))
@@ -69,25 +57,25 @@ async def test_reload_under_load_switches_atomically_and_rejects_bad_files(tmp_p
             await asyncio.sleep(0.5)
 
             path.write_text(config(a, b, BAD_SPLIT, "bogus_section: 1"))
-            status, body = await asyncio.to_thread(admin_post, gw, "/reload")
+            status, body = await asyncio.to_thread(admin_call, gw, "/reload", "POST")
             assert status == 400 and not body["reloaded"]
             assert "routes[0].split: weights must add up to 100, got 90" in body["problems"]
             assert "bogus_section: unknown key" in body["problems"]
             path.write_text(config(a, b, TO_B).replace("address: \"127.0.0.1:0\"}]", "address: \"127.0.0.1:1\"}]"))
-            status, body = await asyncio.to_thread(admin_post, gw, "/reload")
+            status, body = await asyncio.to_thread(admin_call, gw, "/reload", "POST")
             assert status == 400 and body["problems"][0].startswith("listeners: changed, which needs a restart")
             await asyncio.sleep(0.3)
             assert routed_to(gw) == "b"  # the old config keeps serving
 
             path.write_text(config(a, b, TO_A))
             last_post_at = time.monotonic()
-            status, body = await asyncio.to_thread(admin_post, gw, "/reload")
+            status, body = await asyncio.to_thread(admin_call, gw, "/reload", "POST")
             assert status == 200 and body["reloaded"]
             back_at = time.monotonic()
             await asyncio.sleep(0.5)
             stop.set()
             results = await load
-            _, reloads = admin_get(gw, "/reload")
+            _, reloads = admin_call(gw, "/reload")
             log = gw.log()
     finally:
         a.stop()
@@ -111,11 +99,11 @@ async def test_reload_on_file_change(tmp_path: Path) -> None:
     try:
         with echo_gateway(tmp_path, config(a, b, TO_A, watch)) as gw:
             async with aiohttp.ClientSession() as session:
-                assert (await infer(session, base(gw), "m")).server == "A"
+                assert (await infer(session, rest_base(gw), "m")).server == "A"
                 gw.config_path.write_text(config(a, b, TO_B, watch) + "\n# changed\n")
 
                 async def server() -> str:
-                    return (await infer(session, base(gw), "m")).server
+                    return (await infer(session, rest_base(gw), "m")).server
 
                 deadline = time.monotonic() + 5
                 while await server() != "B":
@@ -134,13 +122,13 @@ async def test_sigterm_under_load_answers_everything_accepted(tmp_path: Path) ->
     try:
         gw.start()
         stop = asyncio.Event()
-        load = asyncio.ensure_future(run_load(base(gw), "m", duration=10, concurrency=8, stop=stop))
+        load = asyncio.ensure_future(run_load(rest_base(gw), "m", duration=10, concurrency=8, stop=stop))
         await asyncio.sleep(1.0)
         assert gw.proc is not None
         gw.proc.send_signal(signal.SIGTERM)
         signalled = time.monotonic()
         # Readiness drops as soon as the signal is handled, long before the listeners close.
-        await asyncio.to_thread(wait_for, lambda: admin_get(gw, "/readyz") == (503, {"ready": False}), 0.5,
+        await asyncio.to_thread(wait_for, lambda: admin_call(gw, "/readyz") == (503, {"ready": False}), 0.5,
                                 "readiness to turn false")
         code = await asyncio.to_thread(gw.proc.wait, 15)
         exited = time.monotonic()
@@ -170,8 +158,8 @@ async def test_drain_timeout_bounds_in_flight_requests(tmp_path: Path) -> None:
             def slow(ms: int) -> dict[str, Any]:
                 return {**PAYLOAD, "parameters": {"delay_ms": ms}}
 
-            short = asyncio.ensure_future(infer(session, base(gw), "m", payload=slow(400)))
-            long = asyncio.ensure_future(infer(session, base(gw), "m", payload=slow(8000)))
+            short = asyncio.ensure_future(infer(session, rest_base(gw), "m", payload=slow(400)))
+            long = asyncio.ensure_future(infer(session, rest_base(gw), "m", payload=slow(8000)))
             await asyncio.sleep(0.2)
             assert gw.proc is not None
             gw.proc.send_signal(signal.SIGTERM)

@@ -7,41 +7,20 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import os
 import time
 import urllib.error
 import urllib.request
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 import pytest
 
-from peers.echo_upstream import TESTS, EchoServer
+from peers.echo_gateway import echo_gateway, rest_base, upstream_state
+from peers.echo_upstream import EchoServer
 from peers.load import PAYLOAD, Result, infer, output, run_load
-from support import GatewayProcess, free_port, wait_for, write_config
-
-ECHO_ENV = {"PYTHONPATH": f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-
-
-def echo_gateway(directory: Path, config: str) -> GatewayProcess:
-    return GatewayProcess(write_config(directory, config), directory / "gateway.log", ECHO_ENV,
-                          module="peers.echo_gateway")
-
-
-def admin_get(gw: GatewayProcess, path: str) -> tuple[int, Any]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{gw.ports['admin']}{path}", timeout=5) as reply:
-            return reply.status, json.loads(reply.read())
-    except urllib.error.HTTPError as error:
-        return error.code, json.loads(error.read())
-
-
-def upstream_state(gw: GatewayProcess, name: str) -> dict[str, Any]:
-    _, body = admin_get(gw, "/upstreams")
-    return next(u for u in body["upstreams"] if u["name"] == name)
+from support import GatewayProcess, free_port, wait_for
 
 
 def binomial_ok(count: int, total: int, p: float, sigmas: float = 4.5) -> bool:
@@ -109,12 +88,8 @@ routes:
         yield gw
 
 
-def base(gw: GatewayProcess) -> str:
-    return f"http://{gw.url('rest')}"
-
-
 async def test_split_ratios_over_2000_requests(gateway: GatewayProcess) -> None:
-    results = await run_load(base(gateway), "split", total=2000, concurrency=16)
+    results = await run_load(rest_base(gateway), "split", total=2000, concurrency=16)
     assert len(results) == 2000 and all(r.ok for r in results), Counter(r.status for r in results)
     servers = Counter(r.server for r in results)
     assert servers["C"] == 0  # weight 0: never
@@ -125,8 +100,8 @@ async def test_split_ratios_over_2000_requests(gateway: GatewayProcess) -> None:
 async def test_sticky_split_keeps_each_user_on_one_upstream(gateway: GatewayProcess) -> None:
     seen: dict[str, set[str]] = {}
     async with aiohttp.ClientSession() as session:
-        for round_ in range(3):
-            results = await asyncio.gather(*(infer(session, base(gateway), "sticky", {"x-user": f"user-{i}"})
+        for _ in range(3):
+            results = await asyncio.gather(*(infer(session, rest_base(gateway), "sticky", {"x-user": f"user-{i}"})
                                              for i in range(60)))
             for i, result in enumerate(results):
                 assert result.ok, result
@@ -138,14 +113,14 @@ async def test_sticky_split_keeps_each_user_on_one_upstream(gateway: GatewayProc
 async def test_route_timeout_answers_504_in_time(gateway: GatewayProcess) -> None:
     payload = {**PAYLOAD, "parameters": {"delay_ms": 3000}}
     async with aiohttp.ClientSession() as session:
-        result = await infer(session, base(gateway), "slow", payload=payload)
+        result = await infer(session, rest_base(gateway), "slow", payload=payload)
     assert result.status == 504 and "within 0.3s" in result.error
     assert 0.25 < result.elapsed < 1.0
 
 
 async def test_per_try_timeout_retries_on_the_other_endpoint(gateway: GatewayProcess) -> None:
     async with aiohttp.ClientSession() as session:
-        results = [await infer(session, base(gateway), "per_try") for _ in range(6)]
+        results = [await infer(session, rest_base(gateway), "per_try") for _ in range(6)]
     assert all(r.ok and r.server == "A" for r in results), results
     retried = [r for r in results if r.elapsed > 0.19]
     assert 2 <= len(retried) <= 4 and all(r.elapsed < 0.9 for r in retried)  # round robin: every other one
@@ -156,7 +131,7 @@ async def test_per_try_timeout_retries_on_the_other_endpoint(gateway: GatewayPro
 async def test_route_timeout_bounds_all_retries(gateway: GatewayProcess) -> None:
     payload = {**PAYLOAD, "parameters": {"delay_ms": 2000}}
     async with aiohttp.ClientSession() as session:
-        result = await infer(session, base(gateway), "bounded", payload=payload)
+        result = await infer(session, rest_base(gateway), "bounded", payload=payload)
     assert result.status == 504
     assert 0.65 < result.elapsed < 1.2  # 5 tries of 300ms would be 1.5s and more
 
@@ -167,7 +142,7 @@ async def test_circuit_breaker_answers_fast_instead_of_queueing(gateway: Gateway
     payload = {**PAYLOAD, "parameters": {"delay_ms": 600}}
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as session:
-        results = await asyncio.gather(*(infer(session, base(gateway), "limited", payload=payload)
+        results = await asyncio.gather(*(infer(session, rest_base(gateway), "limited", payload=payload)
                                          for _ in range(24)))
     statuses = Counter(r.status for r in results)
     assert statuses == {200: 6, 429: 18}, statuses  # 4 in flight + 2 waiting; the rest refused
@@ -184,8 +159,8 @@ async def test_mirroring_changes_neither_answers_nor_latency(gateway: GatewayPro
                                                              echoes: dict[str, EchoServer]) -> None:
     before = echoes["SHADOW"].stats()["infer"]
     async with aiohttp.ClientSession() as session:
-        mirrored = [await infer(session, base(gateway), "mirrored") for _ in range(40)]
-        plain = await infer(session, base(gateway), "slow")  # the same upstream, no mirror
+        mirrored = [await infer(session, rest_base(gateway), "mirrored") for _ in range(40)]
+        plain = await infer(session, rest_base(gateway), "slow")  # the same upstream, no mirror
     assert all(r.ok and r.server == "A" for r in mirrored)
     assert all(output(r.body, "x") == output(plain.body, "x") == [1, 2, 3, 4] for r in mirrored)
     # The shadow takes 0.5s per request and one mirror target is down: neither shows.
@@ -197,7 +172,7 @@ async def test_mirroring_changes_neither_answers_nor_latency(gateway: GatewayPro
 
 async def test_mirror_sampling_follows_the_percentage(gateway: GatewayProcess, echoes: dict[str, EchoServer]) -> None:
     before = echoes["SAMPLED"].stats()["infer"]
-    results = await run_load(base(gateway), "sampled", total=600, concurrency=8)
+    results = await run_load(rest_base(gateway), "sampled", total=600, concurrency=8)
     assert all(r.ok and r.server == "B" for r in results)
     wait_for(lambda: upstream_state(gateway, "sampled_shadow")["in_flight"] == 0, 10, "mirrors to finish")
     copies = echoes["SAMPLED"].stats()["infer"] - before
@@ -208,8 +183,8 @@ async def test_headers_forwarded_by_allowlist_with_request_id_and_trace(gateway:
     sent = {"x-tenant": "blue", "x-feature-beta": "on", "x-secret": "hunter2", "x-request-id": "req-7",
             "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "tracestate": "a=b"}
     async with aiohttp.ClientSession() as session:
-        result = await infer(session, base(gateway), "headers", sent)
-        generated = await infer(session, base(gateway), "mirrored")
+        result = await infer(session, rest_base(gateway), "headers", sent)
+        generated = await infer(session, rest_base(gateway), "mirrored")
     received = json.loads(output(result.body, "HEADERS")[0])
     for name in ("x-tenant", "x-feature-beta", "x-request-id", "traceparent", "tracestate"):
         assert received[name] == sent[name]
@@ -220,8 +195,8 @@ async def test_headers_forwarded_by_allowlist_with_request_id_and_trace(gateway:
 
 async def test_no_route_and_rewrite(gateway: GatewayProcess) -> None:
     async with aiohttp.ClientSession() as session:
-        missing = await infer(session, base(gateway), "no-such-model")
-        rewritten = await infer(session, base(gateway), "echo-1")
+        missing = await infer(session, rest_base(gateway), "no-such-model")
+        rewritten = await infer(session, rest_base(gateway), "echo-1")
     assert missing.status == 404 and "'no-such-model'" in missing.error
     assert rewritten.ok and rewritten.body["model_name"] == "echo-1"
 
@@ -249,7 +224,7 @@ routes:
     try:
         with echo_gateway(tmp_path, config) as gw:
             stop = asyncio.Event()
-            load = asyncio.ensure_future(run_load(base(gw), "m", duration=8, concurrency=6, stop=stop))
+            load = asyncio.ensure_future(run_load(rest_base(gw), "m", duration=8, concurrency=6, stop=stop))
             await asyncio.sleep(1.0)
             b.kill()
             killed_at = time.monotonic()
@@ -301,7 +276,7 @@ routes: [{{match: {{model: "*"}}, upstream: only}}]
             except urllib.error.HTTPError as error:
                 return error.code
 
-        rest, admin = base(gw), f"http://127.0.0.1:{gw.ports['admin']}"
+        rest, admin = rest_base(gw), f"http://127.0.0.1:{gw.ports['admin']}"
         assert status(f"{admin}/readyz") == 503 and status(f"{rest}/v2/health/ready") == 400
         assert status(f"{admin}/healthz") == 200 and status(f"{rest}/v2/health/live") == 200
         try:

@@ -33,6 +33,8 @@ from gateway.protocols.v2_rest import codec
 from gateway.types import InferRequest, InferResponse, ModelMetadata, RequestContext
 
 TESTS = Path(__file__).resolve().parent.parent
+# Child processes import the test peers from the tests folder.
+ECHO_ENV = {"PYTHONPATH": f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
 
 # --- the server process ---------------------------------------------------------
 
@@ -136,7 +138,7 @@ class EchoServer:
     def launch(self) -> EchoServer:
         """Start the process (on the same port as before, after a restart)."""
         self._port_file.unlink(missing_ok=True)
-        env = {**os.environ, "PYTHONPATH": f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+        env = {**os.environ, **ECHO_ENV}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "peers.echo_upstream", "--id", self.name, "--port", str(self.port),
              "--port-file", str(self._port_file), "--delay", str(self.delay)],

@@ -44,7 +44,7 @@ async def infer(session: aiohttp.ClientSession, base: str, model: str, headers: 
             body = json.loads(await reply.read())
             server = output(body, "SERVER")[0] if reply.status == 200 else ""
             return Result(started, time.monotonic() - started, reply.status, server, body.get("error", ""), body)
-    except (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError) as exc:
+    except (TimeoutError, aiohttp.ClientError, ConnectionError) as exc:
         return Result(started, time.monotonic() - started, 0, error=f"{type(exc).__name__}: {exc}")
 
 
