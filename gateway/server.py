@@ -116,6 +116,8 @@ class Gateway:
         and the running configuration keeps serving."""
         async with self._reload_lock:
             source = str(self.config_path) if self.config_path is not None else "<embedded default>"
+            if self.dataplane.draining:
+                return self._reload_failed(source, ["<reload>: the gateway is shutting down"])
             try:
                 config = load_config(self.config_path)
                 problems = restart_needed(self.config, config)
