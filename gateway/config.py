@@ -139,6 +139,8 @@ class StringMatch:
     pattern: str = ""
 
     def describe(self) -> str:
+        if self.kind == "present":
+            return "present"
         return self.pattern if self.kind in ("exact", "glob") else f"{self.kind}:{self.pattern}"
 
 

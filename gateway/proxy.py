@@ -185,6 +185,9 @@ class DataPlane:
             raise GatewayError(ErrorKind.UPSTREAM_TIMEOUT, "the request's deadline passed before it was sent upstream")
         by_client = client_left is not None and (configured is None or client_left < configured)
         budget = client_left if by_client else configured
+        if budget is not None and not by_client:
+            # Backends see the effective deadline and can pass it on (gRPC timeout).
+            ctx.deadline = time.monotonic() + budget
         try:
             async with asyncio.timeout(budget) as deadline:
                 return await self._attempts(cluster, route, ctx, call, deadline, blame_timeouts=not by_client)

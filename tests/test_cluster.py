@@ -516,3 +516,15 @@ async def test_readiness_modes(fleet: FakeFleet) -> None:
     dp.draining = True
     assert not await dp.server_ready(ctx())
     await dp.close()
+
+
+async def test_backends_see_the_effective_deadline(fleet: FakeFleet) -> None:
+    dp = await plane(fleet)
+    before = time.monotonic()
+    await dp.infer(request("bounded"), ctx())  # route timeout 150ms
+    seen = fleet["two/127.0.0.1:1"].seen[-1]
+    assert seen.deadline is not None and before + 0.1 < seen.deadline < time.monotonic() + 0.15
+    client_deadline = time.monotonic() + 0.05
+    await dp.infer(request("bounded"), ctx(deadline=client_deadline))  # the client's is sooner
+    assert fleet["two/127.0.0.1:2"].seen[-1].deadline == client_deadline
+    await dp.close()

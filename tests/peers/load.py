@@ -68,3 +68,10 @@ async def run_load(base: str, model: str, *, total: int | None = None, duration:
     async with aiohttp.ClientSession(connector=connector) as session:
         await asyncio.gather(*(worker(session) for _ in range(concurrency)))
     return results
+
+
+def assert_all_answered(results: list[Result], at_least: int) -> None:
+    """Every request got a 200, and there were enough of them to mean something."""
+    failed = [r for r in results if not r.ok]
+    assert not failed, f"{len(failed)} of {len(results)} failed, e.g. {failed[:3]}"
+    assert len(results) >= at_least, f"only {len(results)} requests were sent"
