@@ -31,7 +31,7 @@ def binomial_ok(count: int, total: int, p: float, sigmas: float = 4.5) -> bool:
 def echoes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, EchoServer]]:
     directory = tmp_path_factory.mktemp("echo")
     servers = {name: EchoServer(name, directory, delay) for name, delay in
-               (("A", 0), ("B", 0), ("C", 0), ("SLOW", 1.0), ("SHADOW", 0.5), ("SAMPLED", 0))}
+               (("A", 0), ("B", 0), ("C", 0), ("SLOW", 1.0), ("SHADOW", 2.0), ("SAMPLED", 0))}
     try:
         EchoServer.start_all(list(servers.values()))
         yield servers
@@ -119,13 +119,16 @@ async def test_route_timeout_answers_504_in_time(gateway: GatewayProcess) -> Non
 
 
 async def test_per_try_timeout_retries_on_the_other_endpoint(gateway: GatewayProcess) -> None:
+    before = upstream_state(gateway, "slow_and_fast")["counters"]
     async with aiohttp.ClientSession() as session:
         results = [await infer(session, rest_base(gateway), "per_try") for _ in range(6)]
-    assert all(r.ok and r.server == "A" for r in results), results
-    retried = [r for r in results if r.elapsed > 0.19]
-    assert 2 <= len(retried) <= 4 and all(r.elapsed < 0.9 for r in retried)  # round robin: every other one
-    counters = upstream_state(gateway, "slow_and_fast")["counters"]
-    assert counters["per_try_timeouts_total"] >= 2 and counters["retries_total"] >= 2
+    after = upstream_state(gateway, "slow_and_fast")["counters"]
+    # Every answer comes from the fast endpoint, none waited for the slow one's 1s.
+    assert all(r.ok and r.server == "A" and r.elapsed < 0.9 for r in results), results
+    timed_out = after["per_try_timeouts_total"] - before["per_try_timeouts_total"]
+    assert 2 <= timed_out <= 4  # round robin sends every other request to the slow one first
+    assert after["retries_total"] - before["retries_total"] == timed_out
+    assert sum(1 for r in results if r.elapsed >= 0.2) >= timed_out  # a retried one waited its 200ms
 
 
 async def test_route_timeout_bounds_all_retries(gateway: GatewayProcess) -> None:
@@ -139,7 +142,7 @@ async def test_route_timeout_bounds_all_retries(gateway: GatewayProcess) -> None
 async def test_circuit_breaker_answers_fast_instead_of_queueing(gateway: GatewayProcess,
                                                                  echoes: dict[str, EchoServer]) -> None:
     before = upstream_state(gateway, "limited")["counters"]["overflows_total"]
-    payload = {**PAYLOAD, "parameters": {"delay_ms": 600}}
+    payload = {**PAYLOAD, "parameters": {"delay_ms": 1000}}
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as session:
         results = await asyncio.gather(*(infer(session, rest_base(gateway), "limited", payload=payload)
@@ -148,9 +151,9 @@ async def test_circuit_breaker_answers_fast_instead_of_queueing(gateway: Gateway
     assert statuses == {200: 6, 429: 18}, statuses  # 4 in flight + 2 waiting; the rest refused
     refused = [r for r in results if r.status == 429]
     assert all("at its limits" in r.error for r in refused)
-    assert max(r.elapsed for r in refused) < 0.4  # at once, not after a queue
+    assert max(r.elapsed for r in refused) < 0.5  # at once, not after a queue
     waited = sorted(r.elapsed for r in results if r.ok)
-    assert waited[-1] > 1.1  # the two that waited got the next free slots
+    assert waited[-1] > 1.9  # the two that waited got the next free slots
     assert upstream_state(gateway, "limited")["counters"]["overflows_total"] - before == 18
     assert echoes["C"].stats()["max_in_flight"] <= 4
 
@@ -163,8 +166,9 @@ async def test_mirroring_changes_neither_answers_nor_latency(gateway: GatewayPro
         plain = await infer(session, rest_base(gateway), "slow")  # the same upstream, no mirror
     assert all(r.ok and r.server == "A" for r in mirrored)
     assert all(output(r.body, "x") == output(plain.body, "x") == [1, 2, 3, 4] for r in mirrored)
-    # The shadow takes 0.5s per request and one mirror target is down: neither shows.
-    assert max(r.elapsed for r in mirrored) < 0.3
+    # The shadow takes 2s per request and one mirror target is down: neither shows.
+    latencies = sorted(r.elapsed for r in mirrored)
+    assert latencies[len(latencies) // 2] < 0.1 and latencies[-1] < 1.0, latencies
     wait_for(lambda: echoes["SHADOW"].stats()["infer"] - before == 40, 10, "the shadow to see every copy")
     state = upstream_state(gateway, "dead_shadow")["counters"]
     assert state["mirrored_total"] == 40 and state["mirror_failures_total"] == 40
@@ -231,6 +235,7 @@ routes:
             await asyncio.sleep(1.5)
             state = upstream_state(gw, "pair")["endpoints"][1]
             assert state["ejected"] or not state["healthy"], state
+            relaunched_at = time.monotonic()
             b.launch().wait_ready()  # back on the same port
             back_at = time.monotonic()
             await asyncio.to_thread(wait_for, lambda: upstream_state(gw, "pair")["available"]
@@ -245,7 +250,7 @@ routes:
         a.stop()
         b.stop()
     assert_all_answered(results, at_least=300)
-    during = [r for r in results if killed_at + 0.3 < r.started < back_at]
+    during = [r for r in results if killed_at + 0.3 < r.started < relaunched_at]
     assert during and all(r.server == "A" for r in during)  # B out of rotation while dead
     assert any(r.server == "B" for r in results if r.started > back_at)  # and back afterwards
     assert final["endpoints"][1]["counters"]["ejections_total"] >= 1
