@@ -3,6 +3,8 @@ effective config and route table."""
 
 from __future__ import annotations
 
+import dataclasses
+import ipaddress
 import logging
 from typing import TYPE_CHECKING
 
@@ -51,6 +53,37 @@ async def config(request: web.Request) -> web.Response:
 async def index(request: web.Request) -> web.Response:
     paths = sorted({r.canonical for r in request.app.router.resources()})
     return web.json_response({"endpoints": paths})
+async def upstreams(request: web.Request) -> web.Response:
+    """Every upstream with its endpoints: health, ejection, in flight, counters."""
+    gateway = request.app[GATEWAY]
+    clusters = gateway.dataplane.clusters.values()  # type: ignore[attr-defined]
+    return web.json_response({"upstreams": [cluster.snapshot() for cluster in clusters]})
+
+
+def _from_loopback(request: web.Request) -> bool:
+    try:
+        return ipaddress.ip_address((request.remote or "").split("%")[0]).is_loopback
+    except ValueError:
+        return False
+
+
+async def reload(request: web.Request) -> web.Response:
+    """Re-read the configuration file; 200 when applied, 400 with the problems
+    (each with its YAML path) when rejected. Loopback clients only, unless
+    ``admin.allow_remote_reload``."""
+    gateway = request.app[GATEWAY]
+    if not (_from_loopback(request) or gateway.config.admin.allow_remote_reload):  # type: ignore[attr-defined]
+        return web.json_response({"error": "reload is only allowed from loopback (admin.allow_remote_reload)"},
+                                 status=403)
+    result = await gateway.reload()  # type: ignore[attr-defined]
+    body = {"reloaded": result.ok, "source": result.source, "problems": list(result.problems)}
+    return web.json_response(body, status=200 if result.ok else 400)
+
+
+async def reload_status(request: web.Request) -> web.Response:
+    """How reloads went: counts, last success and failure (Unix times), last error."""
+    gateway = request.app[GATEWAY]
+    return web.json_response(dataclasses.asdict(gateway.counters.reload))  # type: ignore[attr-defined]
 
 
 def build_admin_app(gateway: Gateway) -> web.Application:
@@ -62,6 +95,9 @@ def build_admin_app(gateway: Gateway) -> web.Application:
     app.router.add_get("/routes", routes)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/config", config)
+    app.router.add_get("/upstreams", upstreams)
+    app.router.add_post("/reload", reload)
+    app.router.add_get("/reload", reload_status)
     return app
 
 

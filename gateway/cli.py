@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import logging
 import os
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from gateway import __version__
@@ -61,23 +63,23 @@ async def _watch_parent(parent: int) -> None:
     os.kill(os.getpid(), signal.SIGTERM)
 
 
-async def _serve(config: GatewayConfig, port_file: Path | None, worker: int | None = None,
-                 restarted: bool = False) -> None:
+async def _serve(config: GatewayConfig, config_path: str | None, port_file: Path | None,
+                 worker: int | None = None, restarted: bool = False,
+                 prepare: Callable[[GatewayConfig], GatewayConfig] | None = None) -> None:
     from gateway.server import Gateway
     from gateway.supervisor import MULTIPROC_ENV
 
     multiprocess_dir = os.environ.get(MULTIPROC_ENV) if worker is not None else None
     try:
-        gateway = Gateway(config, worker=worker, multiprocess_dir=multiprocess_dir)
+        gateway = Gateway(config, config_path, worker=worker, multiprocess_dir=multiprocess_dir, prepare=prepare)
     except OSError as exc:  # e.g. an access-log file that cannot be opened
         raise SystemExit(f"gateway: cannot start: {exc}") from None
     if restarted:
         gateway.services.metrics.record_worker_restart()
     loop = asyncio.get_running_loop()
-    # Keeps SIGHUP (forwarded by a supervisor) from killing the process; a
-    # handler installed by Gateway.run_until_signalled replaces this one.
-    loop.add_signal_handler(signal.SIGHUP, logging.getLogger(__name__).warning,
-                            "SIGHUP received: configuration reload is not available in this build")
+    # Until run_until_signalled installs the reload handler, a SIGHUP (a
+    # supervisor forwards them) must not kill a starting process.
+    loop.add_signal_handler(signal.SIGHUP, logging.getLogger(__name__).info, "SIGHUP while starting: ignored")
     watcher = loop.create_task(_watch_parent(os.getppid())) if worker is not None else None
     try:
         await gateway.start()
@@ -133,11 +135,14 @@ def main(argv: list[str] | None = None) -> int:
         from gateway.supervisor import Supervisor
 
         return Supervisor(config, args.config, workers, args.port_file, args.log_level).run()
+    prepare = None
     if args.worker_index is not None:
         from gateway.supervisor import worker_config
 
-        config = worker_config(config, args.worker_ports)
+        # The supervisor's reserved ports replace the file's, at start and on reload.
+        prepare = functools.partial(worker_config, ports=args.worker_ports)
+        config = prepare(config)
     _install_uvloop()
-    asyncio.run(_serve(config, args.port_file, args.worker_index, args.worker_restarted))
+    asyncio.run(_serve(config, args.config, args.port_file, args.worker_index, args.worker_restarted, prepare))
     return 0
 

@@ -68,6 +68,55 @@ class ListenerConfig:
     options: Any = None  # the frontend's own parsed options
 
 
+LOAD_BALANCING_POLICIES = ("round_robin", "least_request", "consistent_hash")
+
+
+@dataclass(frozen=True, slots=True)
+class LoadBalancing:
+    policy: str = "round_robin"  # one of LOAD_BALANCING_POLICIES
+    header: str | None = None  # consistent_hash: whose value picks the endpoint
+
+
+@dataclass(frozen=True, slots=True)
+class HealthCheck:
+    """Active health checks: each endpoint's protocol health call, periodically."""
+
+    interval: float = 10.0
+    timeout: float = 2.0
+    unhealthy_threshold: int = 3  # consecutive failed checks to mark unhealthy
+    healthy_threshold: int = 2  # consecutive passed checks to mark healthy again
+
+
+@dataclass(frozen=True, slots=True)
+class OutlierDetection:
+    """Passive ejection of endpoints that fail requests in a row."""
+
+    consecutive_failures: int = 5  # 0 disables ejection
+    base_ejection_time: float = 30.0  # times the number of ejections so far
+    max_ejection_time: float = 300.0
+    max_ejection_percent: int = 50  # one endpoint may always be ejected
+
+
+@dataclass(frozen=True, slots=True)
+class CircuitBreaker:
+    max_requests: int = 1024  # in flight to the whole upstream
+    max_pending: int = 1024  # waiting for a free slot; more are rejected at once
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionPool:
+    max_connections: int = 128  # per endpoint: at most this many requests in flight on it
+
+
+@dataclass(frozen=True, slots=True)
+class RetryBudget:
+    """Retries in flight may be at most ``percent`` of active requests
+    (but always ``min_concurrency``), so retries cannot amplify an outage."""
+
+    percent: float = 20.0
+    min_concurrency: int = 3
+
+
 @dataclass(frozen=True, slots=True)
 class UpstreamConfig:
     name: str
@@ -75,6 +124,12 @@ class UpstreamConfig:
     endpoints: tuple[Address, ...] = ()
     timeout: float | None = None  # seconds, per call, when a route sets none
     options: Any = None  # the backend's own parsed options
+    load_balancing: LoadBalancing = LoadBalancing()
+    health_check: HealthCheck | None = None  # None: no active checks
+    outlier_detection: OutlierDetection = OutlierDetection()
+    circuit_breaker: CircuitBreaker = CircuitBreaker()
+    connection_pool: ConnectionPool = ConnectionPool()
+    retry_budget: RetryBudget = RetryBudget()
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +140,8 @@ class StringMatch:
     pattern: str = ""
 
     def describe(self) -> str:
+        if self.kind == "present":
+            return "present"
         return self.pattern if self.kind in ("exact", "glob") else f"{self.kind}:{self.pattern}"
 
 
@@ -103,18 +160,74 @@ class Rewrite:
     version: str | None = None
 
 
+# Why a failed upstream attempt may be retried (see gateway/retry.py).
+RETRY_ON = ("connect-failure", "reset", "unavailable", "per-try-timeout")
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    attempts: int = 2  # in all, the first try included; 1 disables retries
+    retry_on: tuple[str, ...] = ("connect-failure",)  # a subset of RETRY_ON
+    per_try_timeout: float | None = None
+    backoff: float = 0.025  # base of the jittered exponential backoff
+    max_backoff: float = 0.25
+
+
+@dataclass(frozen=True, slots=True)
+class WeightedUpstream:
+    upstream: str
+    weight: int  # the weights of one split add up to 100
+
+
+@dataclass(frozen=True, slots=True)
+class Mirror:
+    upstream: str
+    percent: float = 100.0  # of requests copied to the shadow upstream
+
+
 @dataclass(frozen=True, slots=True)
 class RouteConfig:
     match: RouteMatch
-    upstream: str
+    upstream: str  # "" when the route splits
     rewrite: Rewrite = Rewrite()
     timeout: float | None = None
     options: Mapping[str, Any] = field(default_factory=dict)
+    split: tuple[WeightedUpstream, ...] = ()
+    sticky_header: str | None = None  # split: hash this header's value, not chance
+    retry: RetryPolicy = RetryPolicy()
+    mirror: tuple[Mirror, ...] = ()
+    forward_headers: tuple[str, ...] = ()  # names or globs, lower case
+    name: str = ""  # for logs and metrics; empty: "route-<index>"
 
 
 @dataclass(frozen=True, slots=True)
 class AdminConfig:
     address: Address | None = Address("127.0.0.1", 8002)
+    allow_remote_reload: bool = False  # POST /reload from non-loopback clients
+
+
+@dataclass(frozen=True, slots=True)
+class DrainConfig:
+    """SIGTERM: readiness false at once, keep serving ``delay`` seconds (load
+    balancers lag), then close listeners and give in-flight work ``timeout``."""
+
+    delay: float = 0.0
+    timeout: float = 20.0
+
+
+READINESS_MODES = ("any", "all", "ignore")
+
+
+@dataclass(frozen=True, slots=True)
+class ReadinessConfig:
+    # any: some routed upstream has an available endpoint; all: every one has;
+    # ignore: readiness does not depend on upstreams.
+    upstreams: str = "any"
+
+
+@dataclass(frozen=True, slots=True)
+class ReloadConfig:
+    watch_interval: float | None = None  # poll the config file for changes
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +268,9 @@ class GatewayConfig:
     limits: Limits = Limits()
     server: ServerIdentity = ServerIdentity()
     source: str = "<embedded>"
+    drain: DrainConfig = DrainConfig()
+    readiness: ReadinessConfig = ReadinessConfig()
+    reload: ReloadConfig = ReloadConfig()
     observability: ObservabilityConfig = ObservabilityConfig()
 
     def upstream(self, name: str) -> UpstreamConfig:
@@ -298,6 +414,285 @@ def _observability(node: Node) -> ObservabilityConfig:
     return ObservabilityConfig(access_log, metrics, tracing)
 
 
+# --- upstream sections (clusters) ------------------------------------------
+
+
+def _positive_duration(node: Node, key: str, default: Any) -> Any:
+    value = node.duration(key, default)
+    if value is not None and value <= 0:
+        node.error("must be more than 0", key)
+    return value
+
+
+def _percent(node: Node, key: str, default: float) -> float:
+    value = node.get(key, float, default)
+    if not 0 <= value <= 100:
+        node.error(f"must be a percentage from 0 to 100, got {value:g}", key)
+    return float(value)
+
+
+def _section(node: Node) -> bool:
+    """True when ``node`` holds a mapping to read; null means defaults."""
+    if node.value is None:
+        return False
+    if not node.is_mapping:
+        node.error("must be a mapping")
+        return False
+    return True
+
+
+def _load_balancing(node: Node) -> LoadBalancing:
+    if isinstance(node.value, str):
+        if node.value not in LOAD_BALANCING_POLICIES:
+            node.error(f"must be one of {', '.join(LOAD_BALANCING_POLICIES)}; got {node.value!r}")
+        elif node.value == "consistent_hash":
+            node.error("consistent_hash needs a header: {policy: consistent_hash, header: x-session-id}")
+        return LoadBalancing(node.value if node.value in LOAD_BALANCING_POLICIES else "round_robin")
+    if not _section(node):
+        return LoadBalancing()
+    policy = node.choice("policy", LOAD_BALANCING_POLICIES, "round_robin")
+    header = node.string("header", None)
+    if policy == "consistent_hash" and not header:
+        node.error("is required by consistent_hash", "header")
+    if policy != "consistent_hash" and header is not None:
+        node.error("only applies to consistent_hash", "header")
+    node.check_no_unknown_keys()
+    return LoadBalancing(policy, header.lower() if header else None)
+
+
+def _health_check(node: Node) -> HealthCheck | None:
+    if not _section(node):
+        return None
+    d = HealthCheck()
+    check = HealthCheck(
+        interval=_positive_duration(node, "interval", d.interval),
+        timeout=_positive_duration(node, "timeout", d.timeout),
+        unhealthy_threshold=node.integer("unhealthy_threshold", d.unhealthy_threshold, minimum=1),
+        healthy_threshold=node.integer("healthy_threshold", d.healthy_threshold, minimum=1),
+    )
+    node.check_no_unknown_keys()
+    return check
+
+
+def _outlier_detection(node: Node) -> OutlierDetection:
+    d = OutlierDetection()
+    if not _section(node):
+        return d
+    detection = OutlierDetection(
+        consecutive_failures=node.integer("consecutive_failures", d.consecutive_failures, minimum=0),
+        base_ejection_time=_positive_duration(node, "base_ejection_time", d.base_ejection_time),
+        max_ejection_time=_positive_duration(node, "max_ejection_time", d.max_ejection_time),
+        max_ejection_percent=int(_percent(node, "max_ejection_percent", d.max_ejection_percent)),
+    )
+    if detection.max_ejection_time < detection.base_ejection_time:
+        node.error("must not be less than base_ejection_time", "max_ejection_time")
+    node.check_no_unknown_keys()
+    return detection
+
+
+def _circuit_breaker(node: Node) -> CircuitBreaker:
+    d = CircuitBreaker()
+    if not _section(node):
+        return d
+    breaker = CircuitBreaker(node.integer("max_requests", d.max_requests, minimum=1),
+                             node.integer("max_pending", d.max_pending, minimum=0))
+    node.check_no_unknown_keys()
+    return breaker
+
+
+def _connection_pool(node: Node) -> ConnectionPool:
+    d = ConnectionPool()
+    if not _section(node):
+        return d
+    pool = ConnectionPool(node.integer("max_connections", d.max_connections, minimum=1))
+    node.check_no_unknown_keys()
+    return pool
+
+
+def _retry_budget(node: Node) -> RetryBudget:
+    d = RetryBudget()
+    if not _section(node):
+        return d
+    budget = RetryBudget(_percent(node, "percent", d.percent),
+                         node.integer("min_concurrency", d.min_concurrency, minimum=0))
+    node.check_no_unknown_keys()
+    return budget
+
+
+def _endpoints(item: Node, protocol: str | None) -> tuple[Address, ...]:
+    from gateway.protocols import registry
+
+    node = item.child("endpoints", [])
+    endpoints = tuple(a for a in map(parse_address, node.items()) if a)
+    for i, address in enumerate(endpoints):
+        if address in endpoints[:i]:
+            node.error(f"duplicate endpoint {address}", i)
+    try:
+        needs = protocol is not None and registry.load(protocol, "backend").needs_endpoints()
+    except KeyError:
+        needs = False  # reported as an unknown protocol
+    if needs and not endpoints:
+        item.error(f"protocol {protocol!r} needs at least one endpoint 'host:port'", "endpoints")
+    return endpoints
+
+
+def _upstream(item: Node) -> UpstreamConfig | None:
+    name, protocol = item.string("name"), item.string("protocol")
+    endpoints = _endpoints(item, protocol)
+    timeout = _positive_duration(item, "timeout", None)
+    options = _protocol_options(item, protocol, "backend")
+    upstream = UpstreamConfig(
+        name, protocol, endpoints, timeout, options,
+        load_balancing=_load_balancing(item.child("load_balancing", None)),
+        health_check=_health_check(item.child("health_check", None)),
+        outlier_detection=_outlier_detection(item.child("outlier_detection", None)),
+        circuit_breaker=_circuit_breaker(item.child("circuit_breaker", None)),
+        connection_pool=_connection_pool(item.child("connection_pool", None)),
+        retry_budget=_retry_budget(item.child("retry_budget", None)),
+    )
+    item.check_no_unknown_keys()
+    return upstream if name and protocol else None
+
+
+# --- route actions ---------------------------------------------------------
+
+MAX_ATTEMPTS = 10
+
+
+def _upstream_name(node: Node, key: str, upstream_names: set[str]) -> str | None:
+    name = node.string(key)
+    if name is not None and name not in upstream_names:
+        node.error(f"names no upstream; known: {', '.join(sorted(upstream_names))}", key)
+    return name
+
+
+def _split(node: Node, upstream_names: set[str]) -> tuple[WeightedUpstream, ...]:
+    if node.value is None:
+        return ()
+    if not isinstance(node.value, list) or not node.value:
+        node.error("must be a non-empty list of {upstream: NAME, weight: PERCENT}")
+        return ()
+    split: list[WeightedUpstream] = []
+    for item in node.items():
+        if not _section(item):
+            continue
+        upstream = _upstream_name(item, "upstream", upstream_names)
+        weight = item.integer("weight", minimum=0)
+        item.check_no_unknown_keys()
+        if upstream is not None and isinstance(weight, int):
+            if any(w.upstream == upstream for w in split):
+                item.error(f"upstream {upstream!r} appears twice in this split", "upstream")
+            split.append(WeightedUpstream(upstream, weight))
+    total = sum(w.weight for w in split)
+    if len(split) == len(node.value) and total != 100:
+        node.error(f"weights must add up to 100, got {total}")
+    return tuple(split)
+
+
+def _retry(node: Node) -> RetryPolicy:
+    d = RetryPolicy()
+    if not _section(node):
+        return d
+    attempts = node.integer("attempts", d.attempts, minimum=1)
+    if isinstance(attempts, int) and attempts > MAX_ATTEMPTS:
+        node.error(f"must be at most {MAX_ATTEMPTS}", "attempts")
+    retry_on = d.retry_on
+    on_node = node.child("retry_on", None)
+    if on_node.value is not None:
+        if not isinstance(on_node.value, list) or not all(isinstance(x, str) for x in on_node.value):
+            on_node.error(f"must be a list of: {', '.join(RETRY_ON)}")
+        else:
+            for i, reason in enumerate(on_node.value):
+                if reason not in RETRY_ON:
+                    on_node.error(f"unknown retry condition {reason!r}; known: {', '.join(RETRY_ON)}", i)
+            retry_on = tuple(x for x in on_node.value if x in RETRY_ON)
+    per_try_timeout = _positive_duration(node, "per_try_timeout", None)
+    if "per-try-timeout" in retry_on and per_try_timeout is None:
+        node.error("retry_on names per-try-timeout, so per_try_timeout is required", "per_try_timeout")
+    backoff = node.duration("backoff", d.backoff)
+    max_backoff = node.duration("max_backoff", max(d.max_backoff, backoff or 0.0))
+    if backoff is not None and max_backoff is not None and max_backoff < backoff:
+        node.error("must not be less than backoff", "max_backoff")
+    node.check_no_unknown_keys()
+    return RetryPolicy(attempts, retry_on, per_try_timeout, backoff, max_backoff)
+
+
+def _mirrors(node: Node, upstream_names: set[str]) -> tuple[Mirror, ...]:
+    if node.value is None:
+        return ()
+    items = list(node.items()) if isinstance(node.value, list) else [node]
+    mirrors: list[Mirror] = []
+    for item in items:
+        if not _section(item):
+            continue
+        upstream = _upstream_name(item, "upstream", upstream_names)
+        percent = _percent(item, "percent", 100.0)
+        item.check_no_unknown_keys()
+        if upstream is not None:
+            mirrors.append(Mirror(upstream, percent))
+    return tuple(mirrors)
+
+
+def _header_names(node: Node) -> tuple[str, ...]:
+    if node.value is None:
+        return ()
+    if not isinstance(node.value, list) or not all(isinstance(x, str) and x for x in node.value):
+        node.error("must be a list of header names (globs like 'x-tenant-*' allowed)")
+        return ()
+    return tuple(x.lower() for x in node.value)
+
+
+def _route(item: Node, listener_names: set[str], upstream_names: set[str], base_dir: Path) -> RouteConfig | None:
+    match = _route_match(item.child("match", {}), listener_names)
+    name = item.string("name", "")
+    if item.has("upstream") == item.has("split"):
+        item.error("needs exactly one of 'upstream' (one target) or 'split' (weighted targets)")
+    upstream = _upstream_name(item, "upstream", upstream_names) if item.has("upstream") else ""
+    split = _split(item.child("split", None), upstream_names)
+    sticky_header = item.string("sticky_header", None)
+    if sticky_header is not None and not item.has("split"):
+        item.error("only applies to routes with a split", "sticky_header")
+    rewrite = _rewrite(item.child("rewrite", None))
+    timeout = _positive_duration(item, "timeout", None)
+    options = _route_options(item.child("options", {}), base_dir)
+    retry = _retry(item.child("retry", None))
+    mirror = _mirrors(item.child("mirror", None), upstream_names)
+    forward_headers = _header_names(item.child("forward_headers", None))
+    item.check_no_unknown_keys()
+    if upstream is None or not (upstream or split):
+        return None
+    return RouteConfig(match, upstream, rewrite, timeout, options, split,
+                       sticky_header.lower() if sticky_header else None, retry, mirror, forward_headers, name)
+
+
+# --- gateway-wide sections ---------------------------------------------------
+
+
+def _drain(node: Node) -> DrainConfig:
+    d = DrainConfig()
+    if not _section(node):
+        return d
+    drain = DrainConfig(node.duration("delay", d.delay), node.duration("timeout", d.timeout))
+    node.check_no_unknown_keys()
+    return drain
+
+
+def _readiness(node: Node) -> ReadinessConfig:
+    if not _section(node):
+        return ReadinessConfig()
+    readiness = ReadinessConfig(node.choice("upstreams", READINESS_MODES, "any"))
+    node.check_no_unknown_keys()
+    return readiness
+
+
+def _reload(node: Node) -> ReloadConfig:
+    if not _section(node):
+        return ReloadConfig()
+    reload = ReloadConfig(_positive_duration(node, "watch_interval", None))
+    node.check_no_unknown_keys()
+    return reload
+
+
 def parse_config(data: Any, source: str = "<string>", base_dir: Path | None = None) -> GatewayConfig:
     """``base_dir``: where relative file paths in the config are resolved
     (the config file's folder; the current directory when None)."""
@@ -320,7 +715,8 @@ def parse_config(data: Any, source: str = "<string>", base_dir: Path | None = No
 
     admin_node = root.child("admin", {})
     admin_address = admin_node.child("address", "127.0.0.1:8002")
-    admin = AdminConfig(parse_address(admin_address) if admin_address.value is not None else None)
+    admin = AdminConfig(parse_address(admin_address) if admin_address.value is not None else None,
+                        admin_node.flag("allow_remote_reload", False))
     admin_node.check_no_unknown_keys()
 
     listeners: list[ListenerConfig] = []
@@ -337,29 +733,24 @@ def parse_config(data: Any, source: str = "<string>", base_dir: Path | None = No
     upstreams: list[UpstreamConfig] = []
     upstreams_node = root.child("upstreams")
     for item in upstreams_node.items():
-        name, protocol = item.string("name"), item.string("protocol")
-        endpoints = tuple(a for a in map(parse_address, item.child("endpoints", []).items()) if a)
-        timeout = item.duration("timeout", None)
-        options = _protocol_options(item, protocol, "backend")
-        item.check_no_unknown_keys()
-        if name and protocol:
-            upstreams.append(UpstreamConfig(name, protocol, endpoints, timeout, options))
+        upstream = _upstream(item)
+        if upstream is not None:
+            upstreams.append(upstream)
     _unique(upstreams_node, _names_of(upstreams_node), "upstream")
 
     listener_names = {x.name for x in listeners}
     upstream_names = {x.name for x in upstreams}
     routes: list[RouteConfig] = []
-    for item in root.child("routes").items():
-        match = _route_match(item.child("match", {}), listener_names)
-        upstream = item.string("upstream")
-        if upstream is not None and upstream not in upstream_names:
-            item.error(f"names no upstream; known: {', '.join(sorted(upstream_names))}", "upstream")
-        rewrite = _rewrite(item.child("rewrite", None))
-        timeout = item.duration("timeout", None)
-        options = _route_options(item.child("options", {}), base_dir)
-        item.check_no_unknown_keys()
-        if upstream:
-            routes.append(RouteConfig(match, upstream, rewrite, timeout, options))
+    routes_node = root.child("routes")
+    for item in routes_node.items():
+        route = _route(item, listener_names, upstream_names, base_dir)
+        if route is not None:
+            routes.append(route)
+    _unique(routes_node, [n or None for n in _names_of(routes_node)], "route")
+
+    drain = _drain(root.child("drain", None))
+    readiness = _readiness(root.child("readiness", None))
+    reload = _reload(root.child("reload", None))
 
     observability = _observability(root.child("observability", {}))
 
@@ -367,7 +758,7 @@ def parse_config(data: Any, source: str = "<string>", base_dir: Path | None = No
     if problems:
         raise ConfigError(problems)
     return GatewayConfig(tuple(listeners), tuple(upstreams), tuple(routes), admin, limits, server, source,
-                         observability=observability)
+                         drain, readiness, reload, observability)
 
 
 def load_config(path: str | Path | None = None) -> GatewayConfig:

@@ -54,7 +54,7 @@ class Node:
         self.problems = problems
         self._used: set[str] = set()
 
-    def error(self, message: str, key: str | None = None) -> None:
+    def error(self, message: str, key: str | int | None = None) -> None:
         where = self._join(key) if key is not None else (self.path or "<root>")
         self.problems.append(f"{where}: {message}")
 

@@ -66,3 +66,28 @@ def unsupported(message: str) -> GatewayError:
 
 def too_large(message: str) -> GatewayError:
     return GatewayError(ErrorKind.TOO_LARGE, message)
+
+
+# How an upstream call failed, when a backend can tell. Retries and outlier
+# detection read it (gateway/retry.py); clients only ever see the kind.
+CONNECT_FAILURE = "connect-failure"  # the request never reached the upstream
+CONNECTION_RESET = "reset"  # the connection broke before the answer came
+
+
+class UpstreamFailure(GatewayError):
+    """An upstream failure that says how it failed, e.g. a refused connection
+    (always safe to retry) versus an answered 503."""
+
+    def __init__(self, kind: ErrorKind, message: str, reason: str) -> None:
+        super().__init__(kind, message)
+        self.reason = reason
+
+
+def connect_failure(upstream: str, detail: str) -> UpstreamFailure:
+    return UpstreamFailure(ErrorKind.UPSTREAM_UNAVAILABLE, f"cannot connect to upstream {upstream}: {detail}",
+                           CONNECT_FAILURE)
+
+
+def connection_reset(upstream: str, detail: str) -> UpstreamFailure:
+    return UpstreamFailure(ErrorKind.UPSTREAM_UNAVAILABLE, f"connection to upstream {upstream} broke: {detail}",
+                           CONNECTION_RESET)

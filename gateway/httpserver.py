@@ -250,7 +250,16 @@ class HttpFrontend(Frontend):
         # aiohttp's own 1 MiB default is far too small for tensors; the body
         # limit is applied deliberately, one byte over so our check answers.
         return web.Application(client_max_size=self.max_body + 1,
-                               middlewares=[observing_middleware(self), *middlewares])
+                               middlewares=[observing_middleware(self), self._close_when_draining, *middlewares])
+
+    @web.middleware
+    async def _close_when_draining(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        """While draining, answer with ``Connection: close`` so clients move
+        their keep-alive connections elsewhere before the listener closes."""
+        response: web.StreamResponse = await handler(request)
+        if self.dataplane.draining:
+            response.force_close()
+        return response
 
     async def start(self) -> None:
         # auto_decompress off: read_body inflates under the size limit itself.
@@ -273,6 +282,9 @@ class HttpFrontend(Frontend):
 
     async def stop(self, grace: float) -> None:
         if self._runner is not None:
+            # aiohttp waits this long for in-flight handlers after closing the
+            # socket; it only takes it from the runner (set when built).
+            self._runner._shutdown_timeout = grace
             await self._runner.shutdown()
             await self._runner.cleanup()
             self._runner = None

@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import platform
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from prometheus_client import (
@@ -79,10 +79,12 @@ def outcome_of(exc: BaseException | None) -> str:
 class UpstreamCall:
     """Measures one upstream attempt; see :meth:`GatewayMetrics.upstream_call`."""
 
-    __slots__ = ("_children", "_metrics", "_record", "_started", "endpoint", "upstream")
+    __slots__ = ("_children", "_deadline", "_metrics", "_record", "_started", "endpoint", "upstream")
 
-    def __init__(self, metrics: GatewayMetrics, record: RequestRecord, upstream: str, endpoint: str) -> None:
+    def __init__(self, metrics: GatewayMetrics, record: RequestRecord, upstream: str, endpoint: str,
+                 deadline: asyncio.Timeout | None = None) -> None:
         self._metrics = metrics
+        self._deadline = deadline
         self._record = record
         self.upstream = upstream
         self.endpoint = endpoint
@@ -100,6 +102,8 @@ class UpstreamCall:
         in_flight.dec()
         duration.observe(elapsed)
         outcome = outcome_of(exc)
+        if outcome == OUTCOME_CANCELLED and self._deadline is not None and self._deadline.expired():
+            outcome = ErrorKind.UPSTREAM_TIMEOUT.value  # cut off by the request's deadline
         self._metrics._upstream_counter(self.upstream, self.endpoint, outcome).inc()
         if outcome == ErrorKind.UPSTREAM_TIMEOUT.value:
             self._metrics.record_timeout(self.upstream)
@@ -217,10 +221,12 @@ class GatewayMetrics:
         """The pre-bound in-flight gauge of one listener (``inc``/``dec``)."""
         return self.in_flight.labels(listener, protocol)
 
-    def upstream_call(self, record: RequestRecord, upstream: str, endpoint: str) -> UpstreamCall:
+    def upstream_call(self, record: RequestRecord, upstream: str, endpoint: str,
+                      deadline: asyncio.Timeout | None = None) -> UpstreamCall:
         """``with metrics.upstream_call(ctx.record, name, endpoint): await ...``
-        around each upstream attempt (retries included, one each)."""
-        return UpstreamCall(self, record, upstream, endpoint)
+        around each upstream attempt (retries included, one each). With the
+        request's ``deadline``, an attempt it cancels counts as a timeout."""
+        return UpstreamCall(self, record, upstream, endpoint, deadline)
 
     def model_label(self, model: str, outcome: str) -> str:
         """``model`` while the label set is under its cap; a fixed value after."""
@@ -315,6 +321,26 @@ class GatewayMetrics:
             MultiProcessCollector(registry, path=self.multiprocess_dir)
         encoder, content_type = choose_encoder(accept)
         return encoder(registry), content_type
+
+
+def metrics_hook(metrics: GatewayMetrics) -> Callable[[Any], None]:
+    """Resilience events (gateway.counters) as Prometheus metrics. Timeouts
+    are counted per attempt by UpstreamCall, not from events."""
+
+    def on_event(event: Any) -> None:
+        name = event.name
+        if name == "retry":
+            metrics.record_retry(event.upstream)
+        elif name == "overflow":
+            metrics.record_circuit_breaker_rejection(event.upstream)
+        elif name == "ejection":
+            metrics.record_ejection(event.upstream, event.endpoint)
+        elif name == "health_changed":
+            metrics.set_endpoint_health(event.upstream, event.endpoint, event.detail == "healthy")
+        elif name in ("reload_success", "reload_failure"):
+            metrics.record_reload(name == "reload_success")
+
+    return on_event
 
 
 def metrics_of(services: Any) -> GatewayMetrics:

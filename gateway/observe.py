@@ -85,7 +85,7 @@ class RequestRecord:
     operation: str = ""  # frontend operation (handler) name, e.g. "infer"
     model: str = ""  # as the client named it
     version: str = ""
-    route: str = ""  # route index in the table, "" when none matched
+    route: str = ""  # route name (default route-<index>), "" when none matched
     upstream: str = ""
     endpoint: str = ""  # last endpoint tried
     status: str = ""  # the protocol's own status: HTTP code, gRPC code name

@@ -1,118 +1,347 @@
 """The data plane: route a canonical request to a cluster and back.
 
 Frontends call :class:`DataPlane`; it resolves the route, applies the
-route's rewrite and timeout, picks an endpoint of the cluster, calls its
-upstream client and hands back canonical answers named as the client asked.
+route's rewrite, picks the target upstream (split), starts mirrors, and runs
+the attempts against the cluster under the route's timeout and retry policy.
+Routes and clusters live in a :class:`Generation`; a reload swaps in a new
+generation while requests that started on the old one finish there.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
-import itertools
 import logging
+import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
-from gateway.config import GatewayConfig, UpstreamConfig
-from gateway.errors import ErrorKind, GatewayError, invalid, model_not_found
-from gateway.metrics import metrics_of
-from gateway.protocols import registry
+from gateway.cluster import ClientFactory, Cluster, Endpoint
+from gateway.config import GatewayConfig
+from gateway.counters import Counters, Event
+from gateway.errors import (
+    CONNECT_FAILURE,
+    CONNECTION_RESET,
+    ErrorKind,
+    GatewayError,
+    connect_failure,
+    connection_reset,
+    invalid,
+    model_not_found,
+)
+from gateway.metrics import metrics_hook, metrics_of
 from gateway.protocols.base import UpstreamClient
+from gateway.retry import PER_TRY_TIMEOUT, TIMEOUT, backoff_delay, failure_reason
 from gateway.routing import Route, RouteTable
-from gateway.types import ExtensionRequest, InferRequest, InferResponse, ModelMetadata, RequestContext
+from gateway.types import (
+    ExtensionRequest,
+    InferRequest,
+    InferResponse,
+    ModelMetadata,
+    RequestContext,
+    UpstreamAttempt,
+)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
+# A mirror copy is bounded even when neither route nor upstream sets a timeout.
+MIRROR_DEFAULT_TIMEOUT = 30.0
 
-class Cluster:
-    """An upstream's endpoints, each with its own protocol client."""
+__all__ = ["Cluster", "DataPlane", "Generation", "select_outputs"]
 
-    def __init__(self, config: UpstreamConfig, services: Any) -> None:
+
+class Generation:
+    """One configuration's routes and clusters, and how many requests use them."""
+
+    def __init__(self, config: GatewayConfig, routes: RouteTable, clusters: dict[str, Cluster]) -> None:
         self.config = config
-        client_class = registry.load(config.protocol, "backend")
-        endpoints = config.endpoints if client_class.needs_endpoints() else (None,)
-        if not endpoints:
-            raise GatewayError(ErrorKind.INTERNAL, f"upstream '{config.name}' has no endpoints")
-        self.clients: list[UpstreamClient] = [client_class(config, ep, services) for ep in endpoints]
-        self._next = itertools.cycle(range(len(self.clients)))
+        self.routes = routes
+        self.clusters = clusters
+        self.in_flight = 0
+        self.idle = asyncio.Event()
+        self.idle.set()
 
-    def pick(self) -> UpstreamClient:
-        return self.clients[next(self._next)]
+    @contextlib.contextmanager
+    def use(self) -> Iterator[Generation]:
+        self.enter()
+        try:
+            yield self
+        finally:
+            self.exit()
 
-    async def start(self) -> None:
-        for client in self.clients:
-            await client.start()
+    def enter(self) -> None:
+        self.in_flight += 1
+        self.idle.clear()
 
-    async def close(self) -> None:
-        await asyncio.gather(*(client.close() for client in self.clients), return_exceptions=True)
+    def exit(self) -> None:
+        self.in_flight -= 1
+        if self.in_flight == 0:
+            self.idle.set()
 
 
 class DataPlane:
-    def __init__(self, config: GatewayConfig, services: Any) -> None:
-        self.config = config
-        self.routes = RouteTable(config)
-        self.clusters = {u.name: Cluster(u, services) for u in config.upstreams}
-        self.draining = False
+    def __init__(self, config: GatewayConfig, services: Any, counters: Counters | None = None, *,
+                 client_factory: ClientFactory | None = None, clock: Callable[[], float] = time.monotonic,
+                 rng: random.Random | None = None) -> None:
+        self.counters = counters or Counters()
         self.metrics = metrics_of(services)
+        self.counters.subscribe(metrics_hook(self.metrics))
+        self._client_factory = client_factory
+        self._clock = clock
+        self._rng = rng or random.Random()
+        self._current = self._build(config, services, {})
+        self._live: list[Generation] = [self._current]  # current + retiring ones
+        self._tasks: set[asyncio.Task[None]] = set()  # mirrors and retirements
+        self.draining = False
+
+    @property
+    def config(self) -> GatewayConfig:
+        return self._current.config
+
+    @property
+    def routes(self) -> RouteTable:
+        return self._current.routes
+
+    @property
+    def clusters(self) -> dict[str, Cluster]:
+        return self._current.clusters
+
+    # --- lifecycle ----------------------------------------------------------
+
+    def _build(self, config: GatewayConfig, services: Any, reuse: dict[str, Cluster]) -> Generation:
+        """Routes and clusters for ``config``; an upstream whose config did not
+        change keeps its cluster (health, ejections, connections)."""
+        clusters: dict[str, Cluster] = {}
+        for upstream in config.upstreams:
+            old = reuse.get(upstream.name)
+            clusters[upstream.name] = old if old is not None and old.config == upstream else Cluster(
+                upstream, services, self.counters, client_factory=self._client_factory, clock=self._clock,
+                rng=self._rng)
+        return Generation(config, RouteTable(config), clusters)
 
     async def start(self) -> None:
-        for cluster in self.clusters.values():
-            await cluster.start()
+        await asyncio.gather(*(cluster.start() for cluster in self.clusters.values()))
 
     async def close(self) -> None:
-        await asyncio.gather(*(c.close() for c in self.clusters.values()))
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        clusters = {id(c): c for g in self._live for c in g.clusters.values()}
+        await asyncio.gather(*(c.close() for c in clusters.values()))
+
+    async def swap(self, config: GatewayConfig, services: Any) -> None:
+        """Build and start routes and clusters for ``config`` and switch to
+        them at once. Requests in flight finish on the old ones, which are
+        closed when the last of them is done. Raises if a new cluster cannot
+        start; the old configuration then keeps serving."""
+        old = self._current
+        new = self._build(config, services, old.clusters)
+        kept = {id(c) for c in old.clusters.values()}
+        fresh = [c for c in new.clusters.values() if id(c) not in kept]
+        try:
+            await asyncio.gather(*(c.start() for c in fresh))
+        except BaseException:
+            await asyncio.gather(*(c.close() for c in fresh), return_exceptions=True)
+            raise
+        self._current = new
+        self._live.append(new)
+        self._spawn(self._retire(old), f"retire configuration of {old.config.source}")
+
+    async def _retire(self, generation: Generation) -> None:
+        await generation.idle.wait()
+        self._live.remove(generation)
+        still_used = {id(c) for g in self._live for c in g.clusters.values()}
+        await asyncio.gather(*(c.close() for c in generation.clusters.values() if id(c) not in still_used))
+
+    def _spawn(self, coro: Awaitable[None], name: str) -> None:
+        task = asyncio.ensure_future(coro)
+        task.set_name(name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     # --- routing --------------------------------------------------------
 
     def resolve(self, model: str, version: str, ctx: RequestContext) -> Route:
-        route = self.routes.resolve(model, version, ctx.listener, ctx.protocol, ctx.headers)
-        ctx.record.model, ctx.record.version = model, version  # observability (issue 7)
+        return self._resolve(self._current, model, version, ctx)
+
+    @staticmethod
+    def _resolve(generation: Generation, model: str, version: str, ctx: RequestContext) -> Route:
+        route = generation.routes.resolve(model, version, ctx.listener, ctx.protocol, ctx.headers)
         if route is None:
             raise model_not_found(model, version)
-        ctx.record.route, ctx.record.upstream = str(route.index), route.upstream
+        ctx.route = route.name
+        ctx.forward_headers = route.forward_headers(ctx.headers, ctx.request_id)
+        ctx.record.model, ctx.record.version, ctx.record.route = model, version, route.name
         return route
 
     def _target(self, route: Route, model: str, version: str) -> tuple[str, str]:
         rewrite = route.config.rewrite
         return rewrite.model or model, rewrite.version if rewrite.version is not None else version
 
-    async def _call(self, route: Route, ctx: RequestContext, call: Callable[[UpstreamClient], Awaitable[T]]) -> T:
-        cluster = self.clusters[route.upstream]
-        client = cluster.pick()
-        timeout = route.config.timeout if route.config.timeout is not None else cluster.config.timeout
-        remaining = ctx.remaining()
-        if remaining is not None:
-            timeout = remaining if timeout is None else min(timeout, remaining)
-        if timeout is not None:  # upstream clients pass the remaining time on (e.g. as a gRPC deadline)
-            ctx.deadline = time.monotonic() + timeout
+    # --- one request: deadline and attempts ----------------------------------
+
+    async def _call(self, generation: Generation, route: Route, ctx: RequestContext,
+                    call: Callable[[UpstreamClient], Awaitable[T]], upstream: str | None = None) -> T:
+        """Run ``call`` on endpoints of the route's upstream, retrying as the
+        route's policy allows, all within one deadline: the route's timeout
+        (else the upstream's), or the client's own deadline when sooner."""
+        cluster = generation.clusters[upstream or route.pick_upstream(ctx.headers, self._rng)]
+        ctx.record.upstream = cluster.name
+        configured = route.config.timeout if route.config.timeout is not None else cluster.config.timeout
+        client_left = ctx.remaining()
+        if client_left is not None and client_left <= 0:
+            cluster.stats.timeouts_total += 1
+            raise GatewayError(ErrorKind.UPSTREAM_TIMEOUT, "the request's deadline passed before it was sent upstream")
+        by_client = client_left is not None and (configured is None or client_left < configured)
+        budget = client_left if by_client else configured
+        if budget is not None and not by_client:
+            # Backends see the effective deadline and can pass it on (gRPC timeout).
+            ctx.deadline = time.monotonic() + budget
         try:
-            # One measured upstream attempt (issue 7); outside the timeout so it sees TimeoutError.
-            with self.metrics.upstream_call(ctx.record, route.upstream, str(client.endpoint or "")):
-                if timeout is None:
-                    return await call(client)
-                async with asyncio.timeout(timeout):
-                    return await call(client)
+            async with asyncio.timeout(budget) as deadline:
+                return await self._attempts(cluster, route, ctx, call, deadline, blame_timeouts=not by_client)
         except TimeoutError:
+            if not deadline.expired():
+                raise
+            cluster.stats.timeouts_total += 1
+            self.counters.emit(Event("timeout", cluster.name))
+            whose = "the client's deadline" if by_client else "the route's timeout"
             raise GatewayError(ErrorKind.UPSTREAM_TIMEOUT,
-                               f"upstream {client.label} did not answer within {timeout:.2f}s") from None
-        except GatewayError:
+                               f"upstream '{cluster.name}' did not answer within {budget:g}s ({whose})") from None
+
+    async def _attempts(self, cluster: Cluster, route: Route, ctx: RequestContext,
+                        call: Callable[[UpstreamClient], Awaitable[T]], deadline: asyncio.Timeout,
+                        blame_timeouts: bool) -> T:
+        policy = route.config.retry
+        hash_header = cluster.config.load_balancing.header
+        key = ctx.headers.get(hash_header) if hash_header else None
+        tried: set[Endpoint] = set()
+        attempt = 0
+        while True:
+            attempt += 1
+            is_retry = attempt > 1
+            try:
+                lease = await cluster.acquire(key, tried)
+                tried.add(lease.endpoint)
+                record = UpstreamAttempt(cluster.name, lease.endpoint.address, time.monotonic())
+                ctx.attempts.append(record)
+                try:
+                    # One measured attempt; outside the per-try timeout so it sees TimeoutError.
+                    with self.metrics.upstream_call(ctx.record, cluster.name, lease.endpoint.address, deadline):
+                        async with asyncio.timeout(policy.per_try_timeout) as per_try:
+                            result = await call(lease.client)
+                except asyncio.CancelledError:
+                    # The request's deadline (the endpoint's fault only if the
+                    # gateway set it) or the downstream going away.
+                    timed_out = deadline.expired()
+                    lease.release(TIMEOUT if timed_out else None, blame_endpoint=blame_timeouts)
+                    record.outcome = TIMEOUT if timed_out else "cancelled"
+                    raise
+                except Exception as exc:
+                    reason, error = self._failure(exc, per_try.expired(), policy.per_try_timeout, lease.endpoint,
+                                                  cluster)
+                    lease.release(reason)
+                    record.outcome = reason or error.kind.value
+                    log.debug("attempt %d of %s on %s failed: %s", attempt, ctx.request_id, lease.endpoint.address,
+                              error.message)
+                else:
+                    lease.release(None)
+                    return result
+                finally:
+                    record.duration = time.monotonic() - record.started
+            finally:
+                if is_retry:
+                    cluster.end_retry()
+            if attempt >= policy.attempts or reason not in policy.retry_on or not cluster.begin_retry():
+                if attempt > 1:
+                    raise GatewayError(error.kind, f"{error.message} (after {attempt} attempts)") from error
+                raise error
+            self.counters.emit(Event("retry", cluster.name, lease.endpoint.address, reason or ""))
+            try:
+                await asyncio.sleep(backoff_delay(policy, attempt, self._rng))
+            except BaseException:
+                cluster.end_retry()
+                raise
+
+    def _failure(self, exc: Exception, per_try_expired: bool, per_try_timeout: float | None, endpoint: Endpoint,
+                 cluster: Cluster) -> tuple[str | None, GatewayError]:
+        """An attempt's exception as (failure reason, error for the client)."""
+        label = f"'{cluster.name}' ({endpoint.address})"
+        if isinstance(exc, TimeoutError):
+            if per_try_expired:
+                cluster.stats.per_try_timeouts_total += 1
+                message = f"upstream {label} did not answer within {per_try_timeout:g}s (per try)"
+                return PER_TRY_TIMEOUT, GatewayError(ErrorKind.UPSTREAM_TIMEOUT, message)
+            return TIMEOUT, GatewayError(ErrorKind.UPSTREAM_TIMEOUT, f"upstream {label} timed out")
+        reason = failure_reason(exc)
+        if isinstance(exc, GatewayError):
+            return reason, exc
+        detail = f"{type(exc).__name__}: {str(exc)[:200]}"
+        if reason == CONNECT_FAILURE:
+            return reason, connect_failure(label, detail)
+        if reason == CONNECTION_RESET:
+            return reason, connection_reset(label, detail)
+        # A bug in a client: never leak a traceback to the wire.
+        log.error("upstream client %s failed", label, exc_info=exc)
+        return reason, GatewayError(ErrorKind.INTERNAL,
+                                    f"internal error calling upstream {label}: {type(exc).__name__}")
+
+    # --- mirrors ---------------------------------------------------------------
+
+    def _start_mirrors(self, generation: Generation, route: Route, request: InferRequest,
+                       ctx: RequestContext) -> None:
+        """Fire-and-forget copies to shadow upstreams. They never wait for a
+        slot (a busy shadow drops the copy) and their answers are discarded."""
+        for mirror in route.config.mirror:
+            if mirror.percent < 100 and self._rng.random() * 100 >= mirror.percent:
+                continue
+            cluster = generation.clusters[mirror.upstream]
+            lease = cluster.try_acquire()
+            if lease is None:
+                cluster.stats.mirror_dropped_total += 1
+                self.counters.emit(Event("mirror_dropped", cluster.name))
+                continue
+            cluster.stats.mirrored_total += 1
+            timeout = route.config.timeout or cluster.config.timeout or MIRROR_DEFAULT_TIMEOUT
+            shadow_ctx = dataclasses.replace(ctx, attempts=[], deadline=time.monotonic() + timeout)
+            generation.enter()
+            self._spawn(self._mirror(generation, cluster, lease, request, shadow_ctx, timeout),
+                        f"mirror to {cluster.name}")
+
+    async def _mirror(self, generation: Generation, cluster: Cluster, lease: Any, request: InferRequest,
+                      ctx: RequestContext, timeout: float) -> None:
+        try:
+            async with asyncio.timeout(timeout):
+                await lease.client.infer(request, ctx)
+        except asyncio.CancelledError:
+            lease.release(None)
             raise
-        except Exception as exc:  # a bug in a client: never leak a traceback to the wire
-            log.exception("upstream client %s failed", client.label)
-            raise GatewayError(ErrorKind.INTERNAL, f"internal error calling upstream {client.label}: "
-                               f"{type(exc).__name__}") from exc
+        except Exception as exc:
+            reason = TIMEOUT if isinstance(exc, TimeoutError) else failure_reason(exc)
+            lease.release(reason)
+            cluster.stats.mirror_failures_total += 1
+            self.counters.emit(Event("mirror_failure", cluster.name, lease.endpoint.address, reason or ""))
+            log.debug("mirror to %s failed: %r", cluster.name, exc)
+        else:
+            lease.release(None)
+        finally:
+            generation.exit()
 
     # --- operations -------------------------------------------------------
 
     async def infer(self, request: InferRequest, ctx: RequestContext) -> InferResponse:
-        asked_model, asked_version = request.model_name, request.model_version
-        route = self.resolve(asked_model, asked_version, ctx)
-        model, version = self._target(route, asked_model, asked_version)
-        upstream_request = dataclasses.replace(request, model_name=model, model_version=version)
-        response = await self._call(route, ctx, lambda c: c.infer(upstream_request, ctx))
+        generation = self._current
+        with generation.use():
+            asked_model, asked_version = request.model_name, request.model_version
+            route = self._resolve(generation, asked_model, asked_version, ctx)
+            model, version = self._target(route, asked_model, asked_version)
+            upstream_request = dataclasses.replace(request, model_name=model, model_version=version)
+            if route.config.mirror:
+                self._start_mirrors(generation, route, upstream_request, ctx)
+            response = await self._call(generation, route, ctx, lambda c: c.infer(upstream_request, ctx))
         response.model_name = asked_model
         if route.config.rewrite.version is not None:
             response.model_version = asked_version
@@ -123,46 +352,67 @@ class DataPlane:
         return response
 
     async def model_metadata(self, model: str, version: str, ctx: RequestContext) -> ModelMetadata:
-        route = self.resolve(model, version, ctx)
-        target, target_version = self._target(route, model, version)
-        metadata = await self._call(route, ctx, lambda c: c.model_metadata(target, target_version, ctx))
+        generation = self._current
+        with generation.use():
+            route = self._resolve(generation, model, version, ctx)
+            target, target_version = self._target(route, model, version)
+            metadata = await self._call(generation, route, ctx,
+                                        lambda c: c.model_metadata(target, target_version, ctx))
         if route.config.rewrite.version is not None:
             return dataclasses.replace(metadata, name=model, versions=(version,) if version else ())
         return dataclasses.replace(metadata, name=model)
 
     async def model_ready(self, model: str, version: str, ctx: RequestContext) -> bool:
-        route = self.resolve(model, version, ctx)
-        target, target_version = self._target(route, model, version)
-        return await self._call(route, ctx, lambda c: c.model_ready(target, target_version, ctx))
-
-    async def server_ready(self, ctx: RequestContext) -> bool:
-        return not self.draining
-
-    async def list_models(self, ctx: RequestContext) -> list[str]:
-        """Models reachable from ``ctx.listener``: explicit route names plus
-        what upstreams behind catch-all routes can list themselves."""
-        names = self.routes.explicit_models(ctx.listener)
-        for route in self.routes.routes:
-            m = route.config.match
-            if m.listener not in (None, ctx.listener) or m.model.kind == "exact":
-                continue
-            try:
-                listed = await self._call(route, ctx, lambda c: c.list_models(ctx))
-            except GatewayError:
-                continue
-            names += [n for n in listed if n not in names and route.matches(
-                n, "", ctx.listener, ctx.protocol, ctx.headers)]
-        return names
+        generation = self._current
+        with generation.use():
+            route = self._resolve(generation, model, version, ctx)
+            target, target_version = self._target(route, model, version)
+            return await self._call(generation, route, ctx, lambda c: c.model_ready(target, target_version, ctx))
 
     async def call_extension(self, operation: str, request: InferRequest, ctx: RequestContext,
                              arguments: Any = None) -> Any:
         """An operation beyond infer (e.g. ``DERIVATIVE_OPERATION``), routed and
         rewritten exactly like infer; the upstream client's ``call_extension``
         answers it or raises UNSUPPORTED."""
-        route = self.resolve(request.model_name, request.model_version, ctx)
-        model, version = self._target(route, request.model_name, request.model_version)
-        routed = ExtensionRequest(dataclasses.replace(request, model_name=model, model_version=version), arguments)
-        return await self._call(route, ctx, lambda c: c.call_extension(operation, routed, ctx))
+        generation = self._current
+        with generation.use():
+            route = self._resolve(generation, request.model_name, request.model_version, ctx)
+            model, version = self._target(route, request.model_name, request.model_version)
+            routed = ExtensionRequest(dataclasses.replace(request, model_name=model, model_version=version),
+                                      arguments)
+            return await self._call(generation, route, ctx, lambda c: c.call_extension(operation, routed, ctx))
+
+    async def server_ready(self, ctx: RequestContext) -> bool:
+        """False while draining; else as ``readiness.upstreams`` says: whether
+        any (or all) upstreams that routes send to have an available endpoint."""
+        if self.draining:
+            return False
+        generation = self._current
+        mode = generation.config.readiness.upstreams
+        names = generation.routes.upstreams()
+        if mode == "ignore" or not names:
+            return True
+        states = (generation.clusters[name].has_available_endpoint() for name in sorted(names))
+        return any(states) if mode == "any" else all(states)
+
+    async def list_models(self, ctx: RequestContext) -> list[str]:
+        """Models reachable from ``ctx.listener``: explicit route names plus
+        what upstreams behind catch-all routes can list themselves."""
+        generation = self._current
+        names = generation.routes.explicit_models(ctx.listener)
+        with generation.use():
+            for route in generation.routes.routes:
+                m = route.config.match
+                if m.listener not in (None, ctx.listener) or m.model.kind == "exact":
+                    continue
+                for upstream in route.upstreams:
+                    try:
+                        listed = await self._call(generation, route, ctx, lambda c: c.list_models(ctx), upstream)
+                    except GatewayError:
+                        continue
+                    names += [n for n in listed if n not in names and route.matches(
+                        n, "", ctx.listener, ctx.protocol, ctx.headers)]
+        return names
 
 
 def select_outputs(response: InferResponse, request: InferRequest, model: str) -> list[Any]:

@@ -1,11 +1,15 @@
-"""Start and stop the whole gateway: data plane, listeners, admin."""
+"""Start and stop the whole gateway: data plane, listeners, admin; reload and drain."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+import os
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
@@ -13,7 +17,9 @@ from prometheus_client import CollectorRegistry
 from gateway import __version__
 from gateway.accesslog import AccessLog
 from gateway.admin import start_admin
-from gateway.config import GatewayConfig, ServerIdentity
+from gateway.config import GatewayConfig, ServerIdentity, load_config
+from gateway.confignode import ConfigError
+from gateway.counters import Counters
 from gateway.metrics import GatewayMetrics
 from gateway.protocols import registry
 from gateway.protocols.base import Frontend
@@ -21,6 +27,9 @@ from gateway.proxy import DataPlane
 from gateway.tracing import Tracing
 
 log = logging.getLogger(__name__)
+
+# Sections a reload cannot change: they are bound sockets and their limits.
+RESTART_SECTIONS = ("listeners", "admin", "limits", "server")
 
 
 @dataclass(frozen=True)
@@ -51,10 +60,29 @@ def build_metrics(config: GatewayConfig, version: str, registry: CollectorRegist
     return metrics
 
 
+@dataclass(frozen=True)
+class ReloadResult:
+    ok: bool
+    problems: tuple[str, ...] = ()
+    source: str = ""
+
+
+def restart_needed(running: GatewayConfig, new: GatewayConfig) -> list[str]:
+    return [f"{section}: changed, which needs a restart (a reload applies upstreams, routes, drain, "
+            "readiness and reload)" for section in RESTART_SECTIONS
+            if getattr(running, section) != getattr(new, section)]
+
+
 class Gateway:
-    def __init__(self, config: GatewayConfig, registry: CollectorRegistry | None = None, *,
-                 worker: int | None = None, multiprocess_dir: str | None = None) -> None:
+    def __init__(self, config: GatewayConfig, config_path: str | Path | None = None,
+                 registry: CollectorRegistry | None = None, *, counters: Counters | None = None,
+                 worker: int | None = None, multiprocess_dir: str | None = None,
+                 prepare: Callable[[GatewayConfig], GatewayConfig] | None = None) -> None:
+        # Applied to every configuration read from the file (workers: their
+        # supervisor's reserved ports), so a reload compares like with like.
+        self._prepare = prepare or (lambda config: config)
         self.config = config
+        self.config_path = config_path
         version = config.server.version or __version__
         self.services = GatewayServices(
             config, ServerIdentity(config.server.name, version),
@@ -63,11 +91,14 @@ class Gateway:
             reuse_port=worker is not None, worker=worker,
             tracing=Tracing(config.observability.tracing, version, worker)
             if config.observability.tracing.enabled else None)
-        self.dataplane = DataPlane(config, self.services)
+        self.counters = counters or Counters()
+        self.dataplane = DataPlane(config, self.services, self.counters)
         self.frontends: dict[str, Frontend] = {}
         self._admin: web.AppRunner | None = None
         self.admin_port = 0
         self._stopped = asyncio.Event()
+        self._reload_lock = asyncio.Lock()
+        self._watcher: asyncio.Task[None] | None = None
 
     @property
     def ports(self) -> dict[str, int]:
@@ -85,9 +116,13 @@ class Gateway:
             self.frontends[listener.name] = frontend
         if self.config.admin.address is not None:
             self._admin, self.admin_port = await start_admin(self, self.config.admin.address)
+        self._start_watcher()
 
     async def stop(self, grace: float = 5.0) -> None:
+        """Close listeners; in-flight requests get ``grace`` seconds to finish."""
         self.dataplane.draining = True
+        if self._watcher is not None:
+            self._watcher.cancel()
         await asyncio.gather(*(fe.stop(grace) for fe in self.frontends.values()))
         if self._admin is not None:
             await self._admin.cleanup()
@@ -98,11 +133,108 @@ class Gateway:
             self.services.tracing.close()
         self._stopped.set()
 
+    async def drain(self, delay: float | None = None) -> None:
+        """Graceful shutdown: readiness turns false at once, new requests are
+        still served for ``delay`` seconds (load balancers take a while to stop
+        sending), then listeners close and in-flight requests get the drain
+        timeout to finish."""
+        settings = self.config.drain
+        delay = settings.delay if delay is None else delay
+        self.dataplane.draining = True
+        log.info("draining: not ready; serving new requests for %gs more, then closing listeners", delay)
+        await asyncio.sleep(delay)
+        log.info("closing listeners; in-flight requests have %gs to finish", settings.timeout)
+        await self.stop(settings.timeout)
+        log.info("stopped")
+
+    # --- reload ------------------------------------------------------------------
+
+    async def reload(self) -> ReloadResult:
+        """Re-read the configuration file and switch to it atomically. An
+        invalid file is rejected with every problem logged by its YAML path,
+        and the running configuration keeps serving."""
+        async with self._reload_lock:
+            source = str(self.config_path) if self.config_path is not None else "<embedded default>"
+            if self.dataplane.draining:
+                return self._reload_failed(source, ["<reload>: the gateway is shutting down"])
+            try:
+                config = self._prepare(load_config(self.config_path))
+                problems = restart_needed(self.config, config)
+                if problems:
+                    raise ConfigError(problems)
+                services = dataclasses.replace(self.services, config=config)
+                await self.dataplane.swap(config, services)
+            except ConfigError as exc:
+                return self._reload_failed(source, exc.problems)
+            except Exception as exc:  # e.g. a client that cannot start
+                log.exception("reload of %s failed", source)
+                return self._reload_failed(source, [f"<reload>: {type(exc).__name__}: {exc}"])
+            self.config, self.services = config, services
+            for upstream in config.upstreams:
+                services.metrics.declare_upstream(upstream.name, [str(e) for e in upstream.endpoints])
+            self.counters.reload_succeeded()
+            log.info("configuration reloaded from %s: %d upstreams, %d routes", source, len(config.upstreams),
+                     len(config.routes))
+            self._start_watcher()
+            return ReloadResult(True, (), source)
+
+    def _reload_failed(self, source: str, problems: list[str]) -> ReloadResult:
+        for problem in problems:
+            log.error("reload rejected, the running configuration keeps serving: %s: %s", source, problem)
+        self.counters.reload_failed("; ".join(problems)[:1024])
+        return ReloadResult(False, tuple(problems), source)
+
+    def _start_watcher(self) -> None:
+        if self._watcher is None and self.config.reload.watch_interval and self.config_path is not None:
+            self._watcher = asyncio.create_task(self._watch(Path(self.config_path)), name="config watcher")
+
+    async def _watch(self, path: Path) -> None:
+        """Reload when the file changes (size or modification time)."""
+        def signature() -> tuple[int, int] | None:
+            try:
+                stat = os.stat(path)
+            except OSError:
+                return None
+            return stat.st_mtime_ns, stat.st_size
+
+        seen = signature()
+        try:
+            while (interval := self.config.reload.watch_interval) is not None:
+                await asyncio.sleep(interval)
+                current = signature()
+                if current is not None and current != seen:
+                    seen = current
+                    log.info("%s changed; reloading", path)
+                    await self.reload()
+        finally:
+            self._watcher = None
+
+    # --- signals -------------------------------------------------------------------
+
     async def run_until_signalled(self) -> None:
+        """SIGTERM: drain as configured; SIGINT: drain without the delay
+        (someone at a terminal); SIGHUP: reload. Returns once stopped."""
         loop = asyncio.get_running_loop()
         stop_requested = asyncio.Event()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop_requested.set)
-        await stop_requested.wait()
-        log.info("stopping")
-        await self.stop()
+        delays: list[float | None] = []
+
+        def on_stop(delay: float | None) -> None:
+            delays.append(delay)
+            stop_requested.set()
+
+        loop.add_signal_handler(signal.SIGTERM, on_stop, None)
+        loop.add_signal_handler(signal.SIGINT, on_stop, 0.0)
+        reloads: set[asyncio.Task[ReloadResult]] = set()
+
+        def on_reload() -> None:
+            task = asyncio.ensure_future(self.reload())
+            reloads.add(task)  # keep a reference until it is done
+            task.add_done_callback(reloads.discard)
+
+        loop.add_signal_handler(signal.SIGHUP, on_reload)
+        try:
+            await stop_requested.wait()
+            await self.drain(delays[0])
+        finally:
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                loop.remove_signal_handler(sig)

@@ -202,6 +202,12 @@ class RequestContext:
     tracestate: str = ""
     # What metrics and the access log learn about this request (gateway.observe).
     record: RequestRecord = field(default_factory=RequestRecord)
+    # Headers an upstream client sends with the call: the route's allowlist
+    # plus the request id and W3C trace context (set by the data plane).
+    forward_headers: Mapping[str, str] = field(default_factory=dict)
+    route: str = ""  # name of the route that matched (set by the data plane)
+    # One entry per upstream try, retries and their endpoints included.
+    attempts: list[UpstreamAttempt] = field(default_factory=list)
 
     def remaining(self) -> float | None:
         if self.deadline is None:
@@ -210,8 +216,13 @@ class RequestContext:
 
     def upstream_headers(self) -> dict[str, str]:
         """What every upstream client sends on each call (HTTP headers or
-        gRPC metadata): the request id and the trace context, unchanged."""
-        headers = {REQUEST_ID_HEADER: self.request_id} if self.request_id else {}
+        gRPC metadata): the route's allowlisted headers, the request id and
+        the (validated) trace context."""
+        headers = dict(self.forward_headers)  # the route's allowlist (set by the data plane)
+        for name in (TRACEPARENT_HEADER, TRACESTATE_HEADER):
+            headers.pop(name, None)  # forwarded only as validated below
+        if self.request_id:
+            headers[REQUEST_ID_HEADER] = self.request_id
         if self.traceparent:
             headers[TRACEPARENT_HEADER] = self.traceparent
             if self.tracestate:
@@ -258,3 +269,13 @@ class ExtensionRequest:
 
     request: InferRequest
     arguments: Any = None
+
+@dataclass(slots=True)
+class UpstreamAttempt:
+    """One try of a request against one endpoint (for logs and metrics)."""
+
+    upstream: str
+    endpoint: str
+    started: float  # time.monotonic()
+    duration: float = 0.0
+    outcome: str = "ok"  # "ok", or a failure reason / error kind value

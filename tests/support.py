@@ -58,7 +58,8 @@ class GatewayProcess:
     the --port-file it writes once every listener is bound."""
 
     def __init__(self, config_path: Path, log_path: Path, extra_env: dict[str, str] | None = None,
-                 extra_args: list[str] | None = None) -> None:
+                 extra_args: list[str] | None = None, module: str = "gateway") -> None:
+        self.module = module  # e.g. a test launcher that registers extra protocols
         self.config_path = config_path
         self.log_path = log_path
         self.port_file = config_path.with_suffix(".ports.json")
@@ -71,7 +72,7 @@ class GatewayProcess:
         env = {**os.environ, **self.extra_env}
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gateway", "--log-level", "info", "serve",
+            [sys.executable, "-m", self.module, "--log-level", os.environ.get("GW_TEST_LOG", "info"), "serve",
              "--config", str(self.config_path), "--port-file", str(self.port_file), *self.extra_args],
             cwd=REPO, env=env, stdout=self._log, stderr=subprocess.STDOUT)
 

@@ -145,7 +145,7 @@ def test_access_log_line_per_request_without_tensor_data(gateway: Gateway) -> No
     assert len(lines) == 1
     line = lines[0]
     assert (line["listener"], line["protocol"], line["operation"]) == ("rest", "v2-rest", "infer")
-    assert (line["model"], line["route"], line["upstream"], line["attempts"]) == ("identity", "1", "local", 1)
+    assert (line["model"], line["route"], line["upstream"], line["attempts"]) == ("identity", "route-1", "local", 1)
     assert (line["status"], line["outcome"], line["method"]) == ("200", "ok", "POST")
     # sizes on the wire: requests asked for gzip, so the body sent was compressed
     assert reply.headers["Content-Encoding"] == "gzip"
@@ -204,7 +204,7 @@ def test_prometheus_scrapes_the_gateway(gateway: Gateway, tmp_path: Path) -> Non
         assert labels["job"] == "gateway" and labels["instance"] == gateway.process.url("admin")
         assert (labels["listener"], labels["protocol"], labels["upstream"], labels["code"]) == \
             ("rest", "v2-rest", "local", "200")
-        assert labels["route"] in ("0", "1") and float(series[0]["value"][1]) >= 5
+        assert labels["route"] in ("route-0", "route-1") and float(series[0]["value"][1]) >= 5
         up = prometheus.query('up{job="gateway"}')["data"]["result"]
         assert up[0]["value"][1] == "1"
         # every query of the Grafana dashboard is valid PromQL and finds data

@@ -185,7 +185,7 @@ async def test_dataplane_fills_the_record_and_counts_timeouts() -> None:
     with pytest.raises(GatewayError) as info:
         await dataplane.infer(InferRequest("simple"), ctx)
     assert info.value.kind is ErrorKind.UPSTREAM_TIMEOUT
-    assert (ctx.record.model, ctx.record.route, ctx.record.upstream) == ("simple", "0", "local")
+    assert (ctx.record.model, ctx.record.route, ctx.record.upstream) == ("simple", "route-0", "local")
     assert ctx.record.upstream_attempts == 1
     assert value(metrics, "gateway_upstream_timeouts_total", upstream="local") == 1
     assert value(metrics, "gateway_upstream_requests_total", outcome="upstream_timeout") == 1

@@ -117,7 +117,7 @@ def test_server_span_continues_the_client_trace(traced_gateway: GatewayProcess, 
     assert span.span_id.hex() == span_id
     assert span.name == "v2-rest infer" and span.kind == span.SPAN_KIND_SERVER
     found = attributes(span)
-    assert (found["gateway.model"], found["gateway.route"], found["gateway.upstream"]) == ("simple", "0", "local")
+    assert (found["gateway.model"], found["gateway.route"], found["gateway.upstream"]) == ("simple", "route-0", "local")
     assert (found["gateway.status"], found["gateway.outcome"], found["gateway.upstream_attempts"]) == ("200", "ok", 1)
     assert span.status.code != span.status.STATUS_CODE_ERROR
     service = {a.key: a.value.string_value for a in resource.attributes}

@@ -146,7 +146,7 @@ CASES = {
     "not-http": ("502", "StatusCode.INTERNAL", "unreadable HTTP reply"),
     "bad-sizes": ("502", "StatusCode.INTERNAL", "has 1 data elements but shape [4] needs 4"),
     "not-protobuf": ("502", "StatusCode.INTERNAL", "not a valid inference.ModelInferResponse"),
-    "silent-rest": ("504", "StatusCode.DEADLINE_EXCEEDED", "did not answer within 0.50s"),
+    "silent-rest": ("504", "StatusCode.DEADLINE_EXCEEDED", "did not answer within 0.5s"),
     "silent-grpc": ("504", "StatusCode.DEADLINE_EXCEEDED", ""),
 }
 

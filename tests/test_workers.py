@@ -129,7 +129,7 @@ def test_signals_are_forwarded_and_stop_cleans_up(workers: Workers) -> None:
     run_dir = run_dir_of(pids[0])
     assert (run_dir / "metrics").is_dir()
     os.kill(workers.pid, signal.SIGHUP)
-    wait_for(lambda: workers.process.log().count("SIGHUP received") == 2, 5, "both workers to see SIGHUP")
+    wait_for(lambda: workers.process.log().count("configuration reloaded") == 2, 10, "both workers to reload")
     assert children(workers.pid) == pids  # a reload signal restarts nothing
     workers.infer(2)
     assert workers.process.stop() == 0

@@ -98,6 +98,13 @@ class UpstreamClient(abc.ABC):
         """Models this upstream can name itself; empty when it cannot list."""
         return []
 
+    async def health_check(self, ctx: RequestContext) -> bool:
+        """The active health check of this endpoint (``health_check`` in the
+        upstream config). The default asks the server whether it is ready;
+        protocols override it with their own cheap probe (e.g. UM-Bridge
+        /Info, GraphStorm /ping). ``ctx.deadline`` bounds the call."""
+        return await self.server_ready(ctx)
+
     async def call_extension(self, operation: str, request: Any, ctx: RequestContext) -> Any:
         """Protocol-specific operations (e.g. UM-Bridge derivatives)."""
         raise unsupported(f"upstream '{self.upstream.name}' does not support {operation}")

@@ -1,0 +1,413 @@
+"""An upstream cluster: endpoints, load balancing, health, limits.
+
+One :class:`Cluster` per configured upstream. It chooses the endpoint of each
+attempt (round robin, least request by power of two choices, or a consistent
+hash of a header), keeps endpoints' health from active checks and passive
+outlier detection, and enforces the circuit-breaker limits: at most
+``max_requests`` in flight, at most ``max_connections`` on one endpoint, at
+most ``max_pending`` waiting for a slot; beyond that it answers OVERLOADED at
+once instead of queueing without bound.
+
+All state is touched from the event loop only; no locks are needed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import collections
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from typing import Any
+
+from gateway.config import Address, UpstreamConfig
+from gateway.counters import Counters, EndpointCounters, Event
+from gateway.errors import ErrorKind, GatewayError
+from gateway.hashing import stable_hash
+from gateway.protocols import registry
+from gateway.protocols.base import UpstreamClient
+from gateway.retry import ENDPOINT_FAILURES, budget_allows
+from gateway.types import RequestContext
+
+log = logging.getLogger(__name__)
+
+ClientFactory = Callable[[UpstreamConfig, "Address | None", Any], UpstreamClient]
+RING_POINTS_PER_ENDPOINT = 160  # enough for an even spread over a few endpoints
+IN_PROCESS = "in-process"
+
+
+def ejection_time(base: float, maximum: float, ejections: int) -> float:
+    """How long the ``ejections``-th ejection (1, 2, ...) lasts: growing linearly."""
+    return min(maximum, base * ejections)
+
+
+def decayed_ejections(ejections: int, healthy_for: float, base: float) -> int:
+    """The ejection multiplier forgets one ejection per ``base`` seconds healthy."""
+    return max(0, ejections - int(healthy_for // base))
+
+
+class Endpoint:
+    """One address of a cluster, with its client and its health."""
+
+    def __init__(self, client: UpstreamClient, address: str, counters: EndpointCounters) -> None:
+        self.client = client
+        self.address = address
+        self.counters = counters
+        self.in_flight = 0
+        self.healthy = True  # the active health checks' verdict
+        self.consecutive_failures = 0
+        self.ejected_until: float | None = None
+        self.ejections = 0  # multiplier of the next ejection time
+        self.readmitted_at = 0.0
+        self._checks_passed = 0
+        self._checks_failed = 0
+
+    def ejected(self, now: float) -> bool:
+        return self.ejected_until is not None and now < self.ejected_until
+
+    def available(self, now: float) -> bool:
+        return self.healthy and not self.ejected(now)
+
+
+class Lease:
+    """One attempt's hold on a cluster slot and an endpoint; release it once."""
+
+    __slots__ = ("_cluster", "endpoint", "released")
+
+    def __init__(self, cluster: Cluster, endpoint: Endpoint) -> None:
+        self._cluster = cluster
+        self.endpoint = endpoint
+        self.released = False
+
+    @property
+    def client(self) -> UpstreamClient:
+        return self.endpoint.client
+
+    def release(self, failure: str | None, *, blame_endpoint: bool = True) -> None:
+        """``failure``: None for an answer (errors like "unknown model"
+        included), else the failure reason; ``blame_endpoint`` False when the
+        failure was not the endpoint's doing (the client's deadline)."""
+        if not self.released:
+            self.released = True
+            self._cluster._release(self.endpoint, failure if blame_endpoint else None)
+
+
+class _Waiter:
+    __slots__ = ("future",)
+
+    def __init__(self) -> None:
+        self.future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+
+class Cluster:
+    """An upstream's endpoints, each with its own protocol client."""
+
+    def __init__(self, config: UpstreamConfig, services: Any, counters: Counters | None = None, *,
+                 client_factory: ClientFactory | None = None, clock: Callable[[], float] = time.monotonic,
+                 rng: random.Random | None = None) -> None:
+        self.config = config
+        self.counters = counters or Counters()
+        self.stats = self.counters.upstream(config.name)
+        self._clock = clock
+        self._rng = rng or random.Random()
+        if client_factory is None:
+            client_class = registry.load(config.protocol, "backend")
+            addresses: tuple[Address | None, ...] = config.endpoints if client_class.needs_endpoints() else (None,)
+            client_factory = client_class
+        else:
+            addresses = config.endpoints or (None,)
+        if not addresses:
+            raise GatewayError(ErrorKind.INTERNAL, f"upstream '{config.name}' has no endpoints")
+        self.endpoints: list[Endpoint] = []
+        for address in addresses:
+            label = str(address) if address is not None else IN_PROCESS
+            client = client_factory(config, address, services)
+            self.endpoints.append(Endpoint(client, label, self.counters.endpoint(config.name, label)))
+        self.in_flight = 0
+        self.pending = 0
+        self.retries_in_flight = 0
+        self._waiters: collections.deque[_Waiter] = collections.deque()
+        self._next = 0  # round robin position
+        self._ring = self._build_ring() if config.load_balancing.policy == "consistent_hash" else []
+        self._ring_keys = [point for point, _ in self._ring]
+        self._health_task: asyncio.Task[None] | None = None
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    @property
+    def clients(self) -> list[UpstreamClient]:
+        return [e.client for e in self.endpoints]
+
+    # --- lifecycle ----------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start the clients; with health checks, run one round first so the
+        cluster serves with known health (a reload swaps in warm clusters)."""
+        for endpoint in self.endpoints:
+            await endpoint.client.start()
+        if self.config.health_check is not None:
+            await self.check_health(first=True)
+            self._health_task = asyncio.create_task(self._health_loop(), name=f"health-check {self.name}")
+
+    async def close(self) -> None:
+        if self._health_task is not None:
+            self._health_task.cancel()
+            await asyncio.gather(self._health_task, return_exceptions=True)
+            self._health_task = None
+        await asyncio.gather(*(e.client.close() for e in self.endpoints), return_exceptions=True)
+
+    # --- health ---------------------------------------------------------------
+
+    async def _health_loop(self) -> None:
+        check = self.config.health_check
+        assert check is not None
+        while True:
+            # A little jitter keeps many gateways from checking in lockstep.
+            await asyncio.sleep(check.interval * self._rng.uniform(0.9, 1.1))
+            await self.check_health()
+
+    async def check_health(self, first: bool = False) -> None:
+        await asyncio.gather(*(self._check(e, first) for e in self.endpoints))
+
+    async def _check(self, endpoint: Endpoint, first: bool) -> None:
+        check = self.config.health_check
+        assert check is not None
+        ctx = RequestContext("", "health-check", request_id="health-check",
+                             deadline=time.monotonic() + check.timeout)
+        try:
+            async with asyncio.timeout(check.timeout):
+                ok = bool(await endpoint.client.health_check(ctx))
+        except Exception as exc:  # any failure of the check is a failed check
+            log.debug("health check of %s %s failed: %r", self.name, endpoint.address, exc)
+            ok = False
+        self.record_health(endpoint, ok, first)
+
+    def record_health(self, endpoint: Endpoint, ok: bool, first: bool = False) -> None:
+        check = self.config.health_check
+        healthy_after, unhealthy_after = (check.healthy_threshold, check.unhealthy_threshold) if check else (1, 1)
+        if ok:
+            endpoint._checks_passed += 1
+            endpoint._checks_failed = 0
+            flip = not endpoint.healthy and (first or endpoint._checks_passed >= healthy_after)
+        else:
+            endpoint._checks_failed += 1
+            endpoint._checks_passed = 0
+            endpoint.counters.health_check_failures_total += 1
+            flip = endpoint.healthy and (first or endpoint._checks_failed >= unhealthy_after)
+        if flip:
+            endpoint.healthy = ok
+            log.warning("upstream %s endpoint %s is now %s", self.name, endpoint.address,
+                        "healthy" if ok else "unhealthy")
+            self.counters.emit(Event("health_changed", self.name, endpoint.address, "healthy" if ok else "unhealthy"))
+            self._wake_all()
+
+    # --- passive outlier detection -------------------------------------------
+
+    def _release(self, endpoint: Endpoint, failure: str | None) -> None:
+        endpoint.in_flight -= 1
+        self.in_flight -= 1
+        if failure in ENDPOINT_FAILURES:
+            endpoint.counters.failures_total += 1
+            endpoint.consecutive_failures += 1
+            self._maybe_eject(endpoint)
+        else:
+            endpoint.consecutive_failures = 0
+        self._wake_one()
+
+    def _maybe_eject(self, endpoint: Endpoint) -> None:
+        detection = self.config.outlier_detection
+        now = self._clock()
+        if (not detection.consecutive_failures or endpoint.consecutive_failures < detection.consecutive_failures
+                or endpoint.ejected(now)):
+            return
+        ejected = sum(1 for e in self.endpoints if e.ejected(now))
+        if ejected and (ejected + 1) * 100 > len(self.endpoints) * detection.max_ejection_percent:
+            return  # enough of the cluster is out already
+        endpoint.ejections = decayed_ejections(endpoint.ejections, now - endpoint.readmitted_at,
+                                               detection.base_ejection_time) + 1
+        duration = ejection_time(detection.base_ejection_time, detection.max_ejection_time, endpoint.ejections)
+        endpoint.ejected_until = now + duration
+        endpoint.counters.ejections_total += 1
+        self.stats.ejections_total += 1
+        log.warning("upstream %s endpoint %s ejected for %gs after %d consecutive failures", self.name,
+                    endpoint.address, duration, endpoint.consecutive_failures)
+        self.counters.emit(Event("ejection", self.name, endpoint.address, f"{duration:g}s"))
+
+    def _readmit_expired(self, now: float) -> None:
+        for endpoint in self.endpoints:
+            if endpoint.ejected_until is not None and now >= endpoint.ejected_until:
+                endpoint.ejected_until = None
+                endpoint.consecutive_failures = 0
+                endpoint.readmitted_at = now
+                log.info("upstream %s endpoint %s re-admitted", self.name, endpoint.address)
+                self.counters.emit(Event("readmission", self.name, endpoint.address))
+
+    def has_available_endpoint(self) -> bool:
+        now = self._clock()
+        self._readmit_expired(now)
+        return any(e.available(now) for e in self.endpoints)
+
+    # --- load balancing and limits ---------------------------------------------
+
+    def _candidates(self, exclude: set[Endpoint]) -> list[Endpoint]:
+        """Endpoints that may take the next attempt: available ones (all of
+        them when none is: better to try than to refuse), with a free slot,
+        preferring those this request has not tried yet."""
+        if self.in_flight >= self.config.circuit_breaker.max_requests:
+            return []
+        now = self._clock()
+        self._readmit_expired(now)
+        pool = [e for e in self.endpoints if e.available(now)] or self.endpoints
+        limit = self.config.connection_pool.max_connections
+        free = [e for e in pool if e.in_flight < limit]
+        fresh = [e for e in free if e not in exclude]
+        return fresh or free
+
+    def _choose(self, candidates: list[Endpoint], key: str | None) -> Endpoint:
+        if len(candidates) == 1:
+            return candidates[0]
+        policy = self.config.load_balancing.policy
+        if policy == "least_request":
+            first, second = self._rng.sample(candidates, 2)
+            return first if first.in_flight <= second.in_flight else second
+        if policy == "consistent_hash" and key is not None:
+            return self._ring_lookup(stable_hash(key), candidates)
+        if policy == "consistent_hash":
+            return self._rng.choice(candidates)
+        allowed = set(map(id, candidates))
+        count = len(self.endpoints)
+        for step in range(count):
+            index = (self._next + step) % count
+            if id(self.endpoints[index]) in allowed:
+                self._next = index + 1
+                return self.endpoints[index]
+        return candidates[0]  # unreachable: candidates come from self.endpoints
+
+    def _build_ring(self) -> list[tuple[int, int]]:
+        return sorted((stable_hash(f"{e.address}#{i}"), index)
+                      for index, e in enumerate(self.endpoints) for i in range(RING_POINTS_PER_ENDPOINT))
+
+    def _ring_lookup(self, point: int, candidates: list[Endpoint]) -> Endpoint:
+        """The first candidate clockwise from ``point`` on the hash ring."""
+        allowed = set(map(id, candidates))
+        start = bisect.bisect_left(self._ring_keys, point)
+        for step in range(len(self._ring)):
+            endpoint = self.endpoints[self._ring[(start + step) % len(self._ring)][1]]
+            if id(endpoint) in allowed:
+                return endpoint
+        return candidates[0]  # unreachable: every endpoint has ring points
+
+    def _take(self, key: str | None, exclude: set[Endpoint]) -> Lease | None:
+        candidates = self._candidates(exclude)
+        if not candidates:
+            return None
+        endpoint = self._choose(candidates, key)
+        endpoint.in_flight += 1
+        endpoint.counters.requests_total += 1
+        self.in_flight += 1
+        self.stats.requests_total += 1
+        return Lease(self, endpoint)
+
+    def try_acquire(self, key: str | None = None, exclude: set[Endpoint] | None = None) -> Lease | None:
+        """A slot now, or None; never waits (mirrors use it)."""
+        return None if self._waiters else self._take(key, exclude or set())
+
+    async def acquire(self, key: str | None = None, exclude: set[Endpoint] | None = None) -> Lease:
+        """A slot on an endpoint: at once if free, else wait in line while the
+        line is shorter than ``max_pending``; beyond that OVERLOADED at once.
+        The caller bounds the wait with its deadline."""
+        exclude = exclude or set()
+        lease = self.try_acquire(key, exclude)
+        if lease is not None:
+            return lease
+        breaker = self.config.circuit_breaker
+        if self.pending >= breaker.max_pending:
+            self.stats.overflows_total += 1
+            self.counters.emit(Event("overflow", self.name))
+            raise GatewayError(ErrorKind.OVERLOADED,
+                               f"upstream '{self.name}' is at its limits ({self.in_flight} requests in flight, "
+                               f"{self.pending} waiting); try again later")
+        waiter = _Waiter()
+        self._waiters.append(waiter)
+        self.pending += 1
+        try:
+            while True:
+                await waiter.future
+                lease = self._take(key, exclude)
+                if lease is not None:
+                    return lease
+                waiter.future = asyncio.get_running_loop().create_future()
+        finally:
+            self.pending -= 1
+            self._waiters.remove(waiter)
+            self._wake_one()  # pass on a wake-up this waiter may have used or lost
+
+    def _wake_one(self) -> None:
+        if not self._waiters or not self._candidates(set()):
+            return
+        for waiter in self._waiters:
+            if not waiter.future.done():
+                waiter.future.set_result(None)
+                return
+
+    def _wake_all(self) -> None:
+        for waiter in self._waiters:
+            if not waiter.future.done():
+                waiter.future.set_result(None)
+
+    # --- retry budget -----------------------------------------------------------
+
+    def begin_retry(self) -> bool:
+        budget = self.config.retry_budget
+        if not budget_allows(self.retries_in_flight, self.in_flight + self.pending, budget.percent,
+                             budget.min_concurrency):
+            self.stats.retry_budget_exhausted_total += 1
+            self.counters.emit(Event("retry_budget_exhausted", self.name))
+            return False
+        self.retries_in_flight += 1
+        self.stats.retries_total += 1
+        return True
+
+    def end_retry(self) -> None:
+        self.retries_in_flight -= 1
+
+    # --- compatibility and views ----------------------------------------------------
+
+    def pick(self) -> UpstreamClient:
+        """The client the load balancer would choose now, without taking a slot."""
+        candidates = self._candidates(set()) or self.endpoints
+        return self._choose(candidates, None).client
+
+    def snapshot(self) -> dict[str, Any]:
+        """Live state for the admin /upstreams endpoint and metrics gauges."""
+        now = self._clock()
+        self._readmit_expired(now)
+        counters = asdict(self.stats)
+        counters.pop("endpoints")
+        return {
+            "name": self.name,
+            "protocol": self.config.protocol,
+            "load_balancing": self.config.load_balancing.policy,
+            "available": any(e.available(now) for e in self.endpoints),
+            "in_flight": self.in_flight,
+            "pending": self.pending,
+            "retries_in_flight": self.retries_in_flight,
+            "max_requests": self.config.circuit_breaker.max_requests,
+            "max_pending": self.config.circuit_breaker.max_pending,
+            "health_checked": self.config.health_check is not None,
+            "counters": counters,
+            "endpoints": [{
+                "address": e.address,
+                "healthy": e.healthy,
+                "ejected": e.ejected(now),
+                "ejected_for_seconds": round(max(0.0, (e.ejected_until or now) - now), 3),
+                "in_flight": e.in_flight,
+                "consecutive_failures": e.consecutive_failures,
+                "counters": asdict(e.counters),
+            } for e in self.endpoints],
+        }
