@@ -148,6 +148,11 @@ class DataPlane:
                 n, "", ctx.listener, ctx.protocol, ctx.headers)]
         return names
 
+    def offers(self, route: Route, operation: str) -> bool:
+        """Whether the route's upstream answers ``operation`` through
+        call_extension (the others raise UNSUPPORTED for it)."""
+        return operation in self.clusters[route.upstream].clients[0].extensions
+
     async def call_extension(self, operation: str, request: InferRequest, ctx: RequestContext,
                              arguments: Any = None) -> Any:
         """An operation beyond infer (e.g. ``DERIVATIVE_OPERATION``), routed and

@@ -22,7 +22,7 @@ import pytest
 import requests
 import tritonclient.http as httpclient
 import umbridge
-from test_umbridge_bridge import trig_jacobians
+from trig_reference import POINTS, check_httpmodel
 
 from peers.umbridge_peer import UmbridgePeer
 from support import GatewayProcess, free_port, write_config
@@ -127,35 +127,14 @@ def test_forward_with_httpmodel(gateway: GatewayProcess) -> None:
     assert model.apply_hessian(0, 0, 0, [x, y], sens, [1.0, 1.0]) == [0.0, 6.0]
 
 
-def test_trig_finite_differences_with_httpmodel(gateway: GatewayProcess) -> None:
-    model = umbridge.HTTPModel(url(gateway), "trig")
-    assert model.get_input_sizes() == [2, 1] and model.get_output_sizes() == [2, 1]
-    assert model.supports_gradient() and model.supports_apply_jacobian() and model.supports_apply_hessian()
-    x, y = np.array([0.3, -1.2]), np.array([2.0])
-    f, g = model([x.tolist(), y.tolist()])
-    np.testing.assert_allclose(f, [np.sin(0.3) * 2, 0.3 * 1.44], rtol=1e-6)
-    np.testing.assert_allclose(g, [np.exp(-0.6) + 4], rtol=1e-6)
-    for (out_wrt, in_wrt), jacobian in trig_jacobians(x, y).items():
-        sens = np.linspace(1.0, 2.0, jacobian.shape[0])
-        grad = model.gradient(out_wrt, in_wrt, [x.tolist(), y.tolist()], sens.tolist())
-        np.testing.assert_allclose(grad, jacobian.T @ sens, rtol=2e-3, atol=2e-3)
-        vec = np.linspace(-1.0, 1.0, jacobian.shape[1]) + 0.5
-        jv = model.apply_jacobian(out_wrt, in_wrt, [x.tolist(), y.tolist()], vec.tolist())
-        np.testing.assert_allclose(jv, jacobian @ vec, rtol=2e-3, atol=2e-3)
-    # ∂²(f0 + f1)/∂x ∂y0 · 1 = [cos(x0), 0]
-    hv = model.apply_hessian(0, 0, 1, [x.tolist(), y.tolist()], [1.0, 1.0], [1.0])
-    np.testing.assert_allclose(hv, [np.cos(0.3), 0.0], atol=2e-2)
+@pytest.mark.parametrize(("x", "y"), POINTS)
+def test_trig_finite_differences_with_httpmodel(gateway: GatewayProcess, x: np.ndarray, y: np.ndarray) -> None:
+    check_httpmodel(umbridge.HTTPModel(url(gateway), "trig"), x, y)
 
 
 def test_route_names_and_orders_tensors(gateway: GatewayProcess) -> None:
-    model = umbridge.HTTPModel(url(gateway), "trig_swapped")
-    assert model.get_input_sizes() == [1, 2] and model.get_output_sizes() == [1, 2]
-    x, y = np.array([0.3, -1.2]), np.array([2.0])
-    g, f = model([y.tolist(), x.tolist()])
-    np.testing.assert_allclose(g, [np.exp(-0.6) + 4], rtol=1e-6)
-    np.testing.assert_allclose(f, [np.sin(0.3) * 2, 0.3 * 1.44], rtol=1e-6)
-    grad = model.gradient(1, 1, [y.tolist(), x.tolist()], [1.0, 0.0])  # ∂f0/∂x
-    np.testing.assert_allclose(grad, trig_jacobians(x, y)[(0, 0)][0], rtol=5e-3, atol=5e-3)
+    """trig_swapped: inputs [y, x], outputs [g, f], a configured step."""
+    check_httpmodel(umbridge.HTTPModel(url(gateway), "trig_swapped"), *POINTS[0], inputs=(1, 0), outputs=(1, 0))
 
 
 def test_client_errors_reach_httpmodel(gateway: GatewayProcess) -> None:
