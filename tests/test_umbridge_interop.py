@@ -20,6 +20,7 @@ import jsonschema
 import numpy as np
 import pytest
 import requests
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 import umbridge
 from trig_reference import POINTS, check_httpmodel
@@ -32,6 +33,7 @@ admin: {address: "127.0.0.1:0"}
 limits: {max_request_bytes: 1MiB}
 listeners:
   - {name: rest, protocol: v2-rest, address: "127.0.0.1:0"}
+  - {name: grpc, protocol: v2-grpc, address: "127.0.0.1:0"}
   - {name: umb, protocol: umbridge, address: "127.0.0.1:0"}
   - {name: umb_literal, protocol: umbridge, address: "127.0.0.1:0", nonfinite: literal}
   - {name: umb_strict, protocol: umbridge, address: "127.0.0.1:0", nonfinite: error, metadata_ttl: 0}
@@ -312,16 +314,30 @@ def test_v2_rest_infer_on_umbridge_model(gateway: GatewayProcess) -> None:
     assert upstream_says.status_code == 400 and "InvalidInput" in upstream_says.json()["error"]
 
 
-def test_tritonclient_on_umbridge_model(gateway: GatewayProcess) -> None:
-    with httpclient.InferenceServerClient(gateway.url("rest")) as client:
+@pytest.mark.parametrize("client", ["http", "grpc"])
+def test_tritonclient_on_umbridge_model(gateway: GatewayProcess, client: str) -> None:
+    """Unmodified tritonclient (HTTP: binary tensors; gRPC: raw contents) ->
+    gateway -> the real UM-Bridge server."""
+    library: Any = httpclient if client == "http" else grpcclient
+    with library.InferenceServerClient(gateway.url("rest" if client == "http" else "grpc")) as triton:
+        metadata = triton.get_model_metadata("evaluate_only")
+        specs = metadata["inputs"] if client == "http" else [
+            {"name": t.name, "datatype": t.datatype, "shape": list(t.shape)} for t in metadata.inputs]
+        assert specs == [{"name": "input_0", "datatype": "FP64", "shape": [3]},
+                         {"name": "input_1", "datatype": "FP64", "shape": [1]}]
         a = np.array([0.5, -1.5, 0.25])
         d = np.array([2.0])
-        inputs = [httpclient.InferInput("input_0", [3], "FP64"), httpclient.InferInput("input_1", [1], "FP64")]
+        inputs = [library.InferInput("input_0", [3], "FP64"), library.InferInput("input_1", [1], "FP64")]
         inputs[0].set_data_from_numpy(a)
         inputs[1].set_data_from_numpy(d)
-        result = client.infer("evaluate_only", inputs)
+        result = triton.infer("evaluate_only", inputs)
         np.testing.assert_allclose(result.as_numpy("output_0"), [0.5 * 2.0 + 2.25, math.exp(0.25)])
         np.testing.assert_allclose(result.as_numpy("output_1"), [1.25])
+        config = {"n": 2, "scale": 2.0}  # UM-Bridge config as the documented request parameter
+        square = [library.InferInput("input_0", [2], "FP64")]
+        square[0].set_data_from_numpy(np.array([1.5, -2.0]))
+        result = triton.infer("square", square, parameters={"umbridge_config": json.dumps(config)})
+        np.testing.assert_allclose(result.as_numpy("output_0"), [4.5, 8.0])
 
 
 # --- protocol conformity (the checks of UM-Bridge's testing/protocol_conformity_1.0) -----

@@ -7,7 +7,8 @@ direction, targets) is checked end to end:
   length of each text feature;
 - per node, over its in-edges of every relation: the in-degree and the mean
   score of the source nodes (0 without in-edges);
-- node_classification: softmax([score, mean source score, in-degree]);
+- node_classification: softmax([score, mean source score, in-degree] / 10)
+  (a temperature of 10 keeps text lengths from saturating it);
   node_regression: [score + mean source score].
 
 Answers ``prediction/{type}`` FP32 [T, K] for every ``target/{type}``, rows
@@ -21,6 +22,8 @@ from mlserver import MLModel
 from mlserver.codecs import NumpyCodec
 from mlserver.errors import MLServerError
 from mlserver.types import InferenceRequest, InferenceResponse, RequestInput
+
+TEMPERATURE = 10.0
 
 
 def _text_lengths(item: RequestInput) -> np.ndarray:
@@ -73,7 +76,7 @@ class Model(MLModel):
             score = scores[node_type][rows]
             mean = source_sum[node_type][rows] / np.maximum(degree[node_type][rows], 1)
             if task == "node_classification":
-                prediction = _softmax(np.stack([score, mean, degree[node_type][rows]], axis=1))
+                prediction = _softmax(np.stack([score, mean, degree[node_type][rows]], axis=1) / TEMPERATURE)
             else:
                 prediction = (score + mean).reshape(-1, 1)
             outputs.append(NumpyCodec.encode_output(f"prediction/{node_type}", prediction.astype(np.float32)))
