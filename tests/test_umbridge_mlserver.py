@@ -135,6 +135,28 @@ def test_what_mlserver_receives(gateway: GatewayProcess, mlserver: MLServerPeer,
     assert gradient["rows"] == 4
 
 
+@pytest.mark.parametrize("upstream", UPSTREAMS)
+def test_overflow_in_the_model(gateway: GatewayProcess, upstream: str) -> None:
+    """FP32 overflow: infinities reach the client per the listener's policy
+    (null). MLServer's REST side itself writes them as null."""
+    reply = requests.post(f"{url(gateway)}/Evaluate", timeout=30,
+                          json={"name": f"trig_{upstream}", "input": [[1e30, 1e30], [1e30]]})
+    assert reply.status_code == 200, reply.text
+    (f0, f1), (g0,) = reply.json()["output"]
+    assert isinstance(f0, float) and (f1, g0) == (None, None)
+
+
+def test_nan_through_mlserver_rest(gateway: GatewayProcess) -> None:
+    """A NaN input travels to MLServer as null and its NaN outputs come back as
+    null (over gRPC, MLServer 1.7.1 cannot answer NaN outputs at all)."""
+    reply = requests.post(f"{url(gateway)}/Evaluate", timeout=30,
+                          data=b'{"name": "trig_rest", "input": [[NaN, 1.0], [2.0]]}')
+    assert reply.status_code == 200, reply.text
+    (f0, f1), (g0,) = reply.json()["output"]
+    assert (f0, f1) == (None, None)
+    assert g0 == pytest.approx(np.exp(0.5) + 4, rel=1e-6)
+
+
 def test_info_lists_the_mlserver_routes(gateway: GatewayProcess) -> None:
     models = umbridge.supported_models(url(gateway))
     for name in ("trig_rest", "trig_grpc", "swapped_rest", "swapped_grpc"):
