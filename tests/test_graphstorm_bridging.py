@@ -62,6 +62,18 @@ routes:
     upstream: back-grpc
     rewrite: {{model: gnn}}
     options: {{graphstorm: {{graph_schema: "{schema}"}}}}
+  - match: {{model: gnn-edges}}
+    upstream: local
+    rewrite: {{model: gnn}}
+    options: {{graphstorm: {{graph_schema: "{schema}", edge_tasks: true}}}}
+  - match: {{model: gnn-edges-rest}}
+    upstream: back-rest
+    rewrite: {{model: gnn}}
+    options: {{graphstorm: {{graph_schema: "{schema}", edge_tasks: true}}}}
+  - match: {{model: gnn-edges-grpc}}
+    upstream: back-grpc
+    rewrite: {{model: gnn}}
+    options: {{graphstorm: {{graph_schema: "{schema}", edge_tasks: true}}}}
   - {{match: {{model: gnn-open-rest}}, upstream: back-rest, rewrite: {{model: gnn}}}}
   - {{match: {{model: gnn-open-grpc}}, upstream: back-grpc, rewrite: {{model: gnn}}}}
   - match: {{model: sums-rest}}
@@ -153,6 +165,21 @@ def test_gnn_behind_a_v2_hop_answers_as_the_direct_route(front: GatewayProcess, 
         assert hopped["request_uid"] == uid(body)
         width = 3 if task == "node_classification" else 1  # gml_task crossed the hop
         assert {len(r["prediction"]) for r in hopped["data"]["results"]} == {width}
+
+
+@pytest.mark.parametrize("task", ["edge_classification", "edge_regression"])
+@pytest.mark.parametrize("hop", HOPS)
+def test_edge_tasks_behind_a_v2_hop(front: GatewayProcess, http: requests.Session, hop: str, task: str) -> None:
+    """Edge targets travel as target/{src}/{rel}/{dst} [2, T] and come back as
+    prediction/{src}/{rel}/{dst}."""
+    payload = changed(movielens(), lambda p: p.update(gml_task=task, targets=[
+        {"edge_type": ["user", "rating", "movie"], "src_node_id": "a1", "dest_node_id": "m2"},
+        {"edge_type": ["movie", "rating-rev", "user"], "src_node_id": "m1", "dest_node_id": "a1"},
+        {"edge_type": ["user", "rating", "movie"], "src_node_id": "a1", "dest_node_id": "m1"}]))
+    direct, _ = invoke(front, http, payload, model="gnn-edges")
+    hopped, _ = invoke(front, http, payload, model=f"gnn-edges-{hop}")
+    assert ok(hopped) == ok(direct)
+    assert len(hopped["data"]["results"]) == 3
 
 
 @pytest.mark.parametrize("hop", HOPS)
