@@ -109,12 +109,6 @@ def front(mlserver: MLServerPeer, back: GatewayProcess,
         yield gw
 
 
-@pytest.fixture(scope="module")
-def http() -> Iterator[requests.Session]:
-    with requests.Session() as session:
-        yield session
-
-
 def odd_names() -> dict[str, Any]:
     """Types, relations and features whose names hold '/' and '%' (escaped
     in tensor names), an integer node id, text and scalar features."""

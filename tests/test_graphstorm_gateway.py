@@ -84,12 +84,6 @@ def gateway(tmp_path_factory: pytest.TempPathFactory, standin: StandIn) -> Itera
         yield gw
 
 
-@pytest.fixture(scope="module")
-def http() -> Iterator[requests.Session]:
-    with requests.Session() as session:
-        yield session
-
-
 def test_ping_and_paths_outside_the_contract(gateway: GatewayProcess, http: requests.Session) -> None:
     ping = http.get(f"http://{gateway.url('gs')}/ping", timeout=10)
     assert (ping.status_code, ping.json()) == (200, {"status": "Healthy"})
