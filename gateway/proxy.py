@@ -369,6 +369,11 @@ class DataPlane:
             target, target_version = self._target(route, model, version)
             return await self._call(generation, route, ctx, lambda c: c.model_ready(target, target_version, ctx))
 
+    def offers(self, route: Route, operation: str) -> bool:
+        """Whether the route's upstream answers ``operation`` through
+        call_extension (the others raise UNSUPPORTED for it)."""
+        return operation in self.clusters[route.upstream].clients[0].extensions
+
     async def call_extension(self, operation: str, request: InferRequest, ctx: RequestContext,
                              arguments: Any = None) -> Any:
         """An operation beyond infer (e.g. ``DERIVATIVE_OPERATION``), routed and

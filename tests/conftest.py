@@ -5,6 +5,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -18,3 +19,10 @@ def builtin_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gatewa
     directory = tmp_path_factory.mktemp("gw")
     with GatewayProcess(write_config(directory, BUILTIN_REST_CONFIG), directory / "gateway.log") as gw:
         yield gw
+
+
+@pytest.fixture(scope="module")
+def http() -> Iterator[requests.Session]:
+    """One keep-alive HTTP session for a module's plain-HTTP clients."""
+    with requests.Session() as session:
+        yield session

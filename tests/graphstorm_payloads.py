@@ -1,5 +1,6 @@
 """GraphStorm test payloads: the real MovieLens one (with targets added) and
-large synthetic ones of the same schema."""
+large synthetic ones of the same schema; and ``invoke``, what a GraphStorm
+client sends (plain HTTP, as ``invoke_endpoint`` does)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,13 @@ import random
 from pathlib import Path
 from typing import Any
 
+import orjson
+import requests
+
+from support import GatewayProcess
+
+JSON = {"Content-Type": "application/json"}
+TARGET_MODEL = "X-Amzn-SageMaker-Target-Model"
 DATA = Path(__file__).resolve().parent / "data" / "graphstorm"
 MOVIELENS_SCHEMA = DATA / "movielens_gconstruct_runtime.json"
 
@@ -60,3 +68,17 @@ def large_movielens(users: int = 5000, movies: int = 5000, edges: int = 50000, t
     chosen = [{"node_type": "movie", "node_id": f"m{rng.randrange(movies)}"} for _ in range(targets)]
     return {"version": "gs-realtime-v0.1", "gml_task": "node_classification",
             "graph": {"nodes": nodes, "edges": links}, "targets": chosen}
+
+
+def invoke(gateway: GatewayProcess, http: requests.Session, body: bytes | dict[str, Any], model: str | None = None,
+           headers: dict[str, str] | None = None) -> tuple[dict[str, Any], bytes]:
+    """POST /invocations to the gateway's ``gs`` listener, routed to ``model``
+    by SageMaker's target-model header; the envelope and the bytes sent."""
+    data = body if isinstance(body, bytes) else orjson.dumps(body)
+    sent = {**JSON, **({TARGET_MODEL: model} if model else {}), **(headers if headers is not None else {})}
+    reply = http.post(f"http://{gateway.url('gs')}/invocations", data=data, headers=sent, timeout=60)
+    assert reply.status_code == 200, reply.text  # GraphStorm's answer is always HTTP 200
+    assert reply.headers["Content-Type"].startswith("application/json")
+    answer = reply.json()
+    assert list(answer) == ["status_code", "request_uid", "message", "error", "data"]
+    return answer, data

@@ -20,13 +20,20 @@ import orjson
 import pytest
 import requests
 import tritonclient.http as httpclient
-from graphstorm_payloads import MOVIELENS_SCHEMA, changed, large_movielens, load, movielens, uid
+from graphstorm_payloads import (
+    JSON,
+    MOVIELENS_SCHEMA,
+    TARGET_MODEL,
+    changed,
+    invoke,
+    large_movielens,
+    load,
+    movielens,
+    uid,
+)
 
 from peers.graphstorm_standin import StandIn, probabilities
 from support import GatewayProcess, free_port, write_config
-
-JSON = {"Content-Type": "application/json"}
-TARGET_MODEL = "X-Amzn-SageMaker-Target-Model"
 
 CONFIG = """
 admin: {{address: "127.0.0.1:0"}}
@@ -75,24 +82,6 @@ def gateway(tmp_path_factory: pytest.TempPathFactory, standin: StandIn) -> Itera
     text = CONFIG.format(standin=standin.port, dead=free_port(), schema=MOVIELENS_SCHEMA)
     with GatewayProcess(write_config(directory, text), directory / "gateway.log") as gw:
         yield gw
-
-
-@pytest.fixture(scope="module")
-def http() -> Iterator[requests.Session]:
-    with requests.Session() as session:
-        yield session
-
-
-def invoke(gateway: GatewayProcess, http: requests.Session, body: bytes | dict[str, Any], model: str | None = None,
-           headers: dict[str, str] | None = None) -> tuple[dict[str, Any], bytes]:
-    data = body if isinstance(body, bytes) else orjson.dumps(body)
-    sent = {**JSON, **({TARGET_MODEL: model} if model else {}), **(headers if headers is not None else {})}
-    reply = http.post(f"http://{gateway.url('gs')}/invocations", data=data, headers=sent, timeout=60)
-    assert reply.status_code == 200, reply.text  # GraphStorm's answer is always HTTP 200
-    assert reply.headers["Content-Type"].startswith("application/json")
-    answer = reply.json()
-    assert list(answer) == ["status_code", "request_uid", "message", "error", "data"]
-    return answer, data
 
 
 def test_ping_and_paths_outside_the_contract(gateway: GatewayProcess, http: requests.Session) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from trig_reference import POINTS, TRIG_SLICES, hessian_action, trig_jacobians, trig_second
 
 from gateway.config import parse_config
 from gateway.confignode import ConfigError
@@ -21,6 +22,7 @@ from gateway.protocols.umbridge.options import FiniteDifferences, RouteOptions
 from gateway.proxy import DataPlane
 from gateway.server import GatewayServices
 from gateway.types import (
+    DERIVATIVE_OPERATION,
     Derivative,
     InferRequest,
     InferResponse,
@@ -65,36 +67,6 @@ def ctx() -> RequestContext:
     return RequestContext("umb", "umbridge", "rid")
 
 
-# --- analytic derivatives of the builtin models -----------------------------------
-
-
-def trig_jacobians(x: np.ndarray, y: np.ndarray) -> dict[tuple[int, int], np.ndarray]:
-    """(output, input) -> Jacobian of trig: f = [sin(x0)·y0, x0·x1²], g = [exp(x1/2) + y0²]."""
-    x0, x1, y0 = x[0], x[1], y[0]
-    return {(0, 0): np.array([[np.cos(x0) * y0, 0.0], [x1 * x1, 2 * x0 * x1]]),
-            (0, 1): np.array([[np.sin(x0)], [0.0]]),
-            (1, 0): np.array([[0.0, 0.5 * np.exp(x1 / 2)]]),
-            (1, 1): np.array([[2 * y0]])}
-
-
-def trig_second(x: np.ndarray, y: np.ndarray) -> list[list[np.ndarray]]:
-    """Per output, per component: the 3x3 second derivatives by z = [x0, x1, y0]."""
-    x0, x1, y0 = x[0], x[1], y[0]
-    f0 = np.array([[-np.sin(x0) * y0, 0, np.cos(x0)], [0, 0, 0], [np.cos(x0), 0, 0]])
-    f1 = np.array([[0, 2 * x1, 0], [2 * x1, 2 * x0, 0], [0, 0, 0]])
-    g0 = np.array([[0, 0, 0], [0, 0.25 * np.exp(x1 / 2), 0], [0, 0, 2]])
-    return [[f0, f1], [g0]]
-
-
-def hessian_action(second: list[np.ndarray], sens: np.ndarray, in1: int, in2: int, vec: np.ndarray,
-                   slices: tuple[slice, ...]) -> np.ndarray:
-    weighted = sum(s * h for s, h in zip(sens, second, strict=True))
-    return np.asarray(weighted)[slices[in1], slices[in2]] @ vec
-
-
-TRIG_SLICES = (slice(0, 2), slice(2, 3))
-
-
 async def _trig_bridge(dataplane: DataPlane, fd: FiniteDifferences, options: RouteOptions | None = None) -> Bridge:
     metadata = await dataplane.model_metadata("trig", "", ctx())
     view = build_view("trig", metadata, dataclasses.replace(options or RouteOptions(), finite_differences=fd))
@@ -122,6 +94,21 @@ async def test_views_of_builtin_models(dataplane: DataPlane) -> None:
     simple_fd = build_view("simple", await dataplane.model_metadata("simple", "", ctx()),
                            RouteOptions(finite_differences=FiniteDifferences()))
     assert simple_fd.support == {"Evaluate"}
+
+
+async def test_declared_derivatives_need_an_upstream_that_computes_them(dataplane: DataPlane) -> None:
+    """``forward``'s metadata declares native derivatives; behind an upstream
+    that cannot be asked for them (a V2 hop) they are not offered, and
+    finite differences stand in when the route enables them."""
+    metadata = await dataplane.model_metadata("forward", "", ctx())
+    hopped = build_view("forward", metadata, None, native_derivatives=False)
+    assert (hopped.support, hopped.native) == ({"Evaluate"}, frozenset())
+    with pytest.raises(GatewayError, match="finite_differences"):
+        hopped.require("Gradient")
+    fd = build_view("forward", metadata, RouteOptions(finite_differences=FiniteDifferences()), native_derivatives=False)
+    assert fd.native == frozenset() and fd.support == {"Evaluate", "Gradient", "ApplyJacobian", "ApplyHessian"}
+    route = dataplane.resolve("forward", "", ctx())
+    assert dataplane.offers(route, DERIVATIVE_OPERATION)  # the builtin upstream computes them itself
 
 
 @pytest.mark.parametrize(("model", "needle"), [("simple_string", "is BYTES"), ("identity", "is BYTES")])
@@ -203,9 +190,6 @@ async def test_route_order_and_names(dataplane: DataPlane) -> None:
 
 
 # --- finite differences against analytic derivatives ---------------------------------------
-
-
-POINTS = [(np.array([0.3, -1.2]), np.array([2.0])), (np.array([1.7, 0.4]), np.array([-0.5]))]
 
 
 @pytest.mark.parametrize(("x", "y"), POINTS)

@@ -20,9 +20,10 @@ import jsonschema
 import numpy as np
 import pytest
 import requests
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 import umbridge
-from test_umbridge_bridge import trig_jacobians
+from trig_reference import POINTS, check_httpmodel
 
 from peers.umbridge_peer import UmbridgePeer
 from support import GatewayProcess, free_port, write_config
@@ -32,6 +33,7 @@ admin: {address: "127.0.0.1:0"}
 limits: {max_request_bytes: 1MiB}
 listeners:
   - {name: rest, protocol: v2-rest, address: "127.0.0.1:0"}
+  - {name: grpc, protocol: v2-grpc, address: "127.0.0.1:0"}
   - {name: umb, protocol: umbridge, address: "127.0.0.1:0"}
   - {name: umb_literal, protocol: umbridge, address: "127.0.0.1:0", nonfinite: literal}
   - {name: umb_strict, protocol: umbridge, address: "127.0.0.1:0", nonfinite: error, metadata_ttl: 0}
@@ -127,35 +129,14 @@ def test_forward_with_httpmodel(gateway: GatewayProcess) -> None:
     assert model.apply_hessian(0, 0, 0, [x, y], sens, [1.0, 1.0]) == [0.0, 6.0]
 
 
-def test_trig_finite_differences_with_httpmodel(gateway: GatewayProcess) -> None:
-    model = umbridge.HTTPModel(url(gateway), "trig")
-    assert model.get_input_sizes() == [2, 1] and model.get_output_sizes() == [2, 1]
-    assert model.supports_gradient() and model.supports_apply_jacobian() and model.supports_apply_hessian()
-    x, y = np.array([0.3, -1.2]), np.array([2.0])
-    f, g = model([x.tolist(), y.tolist()])
-    np.testing.assert_allclose(f, [np.sin(0.3) * 2, 0.3 * 1.44], rtol=1e-6)
-    np.testing.assert_allclose(g, [np.exp(-0.6) + 4], rtol=1e-6)
-    for (out_wrt, in_wrt), jacobian in trig_jacobians(x, y).items():
-        sens = np.linspace(1.0, 2.0, jacobian.shape[0])
-        grad = model.gradient(out_wrt, in_wrt, [x.tolist(), y.tolist()], sens.tolist())
-        np.testing.assert_allclose(grad, jacobian.T @ sens, rtol=2e-3, atol=2e-3)
-        vec = np.linspace(-1.0, 1.0, jacobian.shape[1]) + 0.5
-        jv = model.apply_jacobian(out_wrt, in_wrt, [x.tolist(), y.tolist()], vec.tolist())
-        np.testing.assert_allclose(jv, jacobian @ vec, rtol=2e-3, atol=2e-3)
-    # ∂²(f0 + f1)/∂x ∂y0 · 1 = [cos(x0), 0]
-    hv = model.apply_hessian(0, 0, 1, [x.tolist(), y.tolist()], [1.0, 1.0], [1.0])
-    np.testing.assert_allclose(hv, [np.cos(0.3), 0.0], atol=2e-2)
+@pytest.mark.parametrize(("x", "y"), POINTS)
+def test_trig_finite_differences_with_httpmodel(gateway: GatewayProcess, x: np.ndarray, y: np.ndarray) -> None:
+    check_httpmodel(umbridge.HTTPModel(url(gateway), "trig"), x, y)
 
 
 def test_route_names_and_orders_tensors(gateway: GatewayProcess) -> None:
-    model = umbridge.HTTPModel(url(gateway), "trig_swapped")
-    assert model.get_input_sizes() == [1, 2] and model.get_output_sizes() == [1, 2]
-    x, y = np.array([0.3, -1.2]), np.array([2.0])
-    g, f = model([y.tolist(), x.tolist()])
-    np.testing.assert_allclose(g, [np.exp(-0.6) + 4], rtol=1e-6)
-    np.testing.assert_allclose(f, [np.sin(0.3) * 2, 0.3 * 1.44], rtol=1e-6)
-    grad = model.gradient(1, 1, [y.tolist(), x.tolist()], [1.0, 0.0])  # ∂f0/∂x
-    np.testing.assert_allclose(grad, trig_jacobians(x, y)[(0, 0)][0], rtol=5e-3, atol=5e-3)
+    """trig_swapped: inputs [y, x], outputs [g, f], a configured step."""
+    check_httpmodel(umbridge.HTTPModel(url(gateway), "trig_swapped"), *POINTS[0], inputs=(1, 0), outputs=(1, 0))
 
 
 def test_client_errors_reach_httpmodel(gateway: GatewayProcess) -> None:
@@ -333,16 +314,30 @@ def test_v2_rest_infer_on_umbridge_model(gateway: GatewayProcess) -> None:
     assert upstream_says.status_code == 400 and "InvalidInput" in upstream_says.json()["error"]
 
 
-def test_tritonclient_on_umbridge_model(gateway: GatewayProcess) -> None:
-    with httpclient.InferenceServerClient(gateway.url("rest")) as client:
+@pytest.mark.parametrize("client", ["http", "grpc"])
+def test_tritonclient_on_umbridge_model(gateway: GatewayProcess, client: str) -> None:
+    """Unmodified tritonclient (HTTP: binary tensors; gRPC: raw contents) ->
+    gateway -> the real UM-Bridge server."""
+    library: Any = httpclient if client == "http" else grpcclient
+    with library.InferenceServerClient(gateway.url("rest" if client == "http" else "grpc")) as triton:
+        metadata = triton.get_model_metadata("evaluate_only")
+        specs = metadata["inputs"] if client == "http" else [
+            {"name": t.name, "datatype": t.datatype, "shape": list(t.shape)} for t in metadata.inputs]
+        assert specs == [{"name": "input_0", "datatype": "FP64", "shape": [3]},
+                         {"name": "input_1", "datatype": "FP64", "shape": [1]}]
         a = np.array([0.5, -1.5, 0.25])
         d = np.array([2.0])
-        inputs = [httpclient.InferInput("input_0", [3], "FP64"), httpclient.InferInput("input_1", [1], "FP64")]
+        inputs = [library.InferInput("input_0", [3], "FP64"), library.InferInput("input_1", [1], "FP64")]
         inputs[0].set_data_from_numpy(a)
         inputs[1].set_data_from_numpy(d)
-        result = client.infer("evaluate_only", inputs)
+        result = triton.infer("evaluate_only", inputs)
         np.testing.assert_allclose(result.as_numpy("output_0"), [0.5 * 2.0 + 2.25, math.exp(0.25)])
         np.testing.assert_allclose(result.as_numpy("output_1"), [1.25])
+        config = {"n": 2, "scale": 2.0}  # UM-Bridge config as the documented request parameter
+        square = [library.InferInput("input_0", [2], "FP64")]
+        square[0].set_data_from_numpy(np.array([1.5, -2.0]))
+        result = triton.infer("square", square, parameters={"umbridge_config": json.dumps(config)})
+        np.testing.assert_allclose(result.as_numpy("output_0"), [4.5, 8.0])
 
 
 # --- protocol conformity (the checks of UM-Bridge's testing/protocol_conformity_1.0) -----

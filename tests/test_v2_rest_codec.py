@@ -141,3 +141,25 @@ def test_upstream_errors_are_mapped_not_passed_through() -> None:
     assert kinds == {400: "INVALID_INPUT", 404: "MODEL_NOT_FOUND", 422: "INVALID_INPUT", 429: "OVERLOADED",
                      500: "UPSTREAM_BAD_RESPONSE", 503: "UPSTREAM_UNAVAILABLE", 504: "UPSTREAM_TIMEOUT"}
     assert "boom" in codec.decode_error(500, b'{"error": "boom"}', "up").message
+
+
+def test_non_finite_values_in_json() -> None:
+    """Written as null (valid JSON, as MLServer writes them); read back as NaN,
+    and Triton's NaN/Infinity literals are read too, so both servers' JSON
+    answers cross a v2-rest hop."""
+    values = np.array([1.5, np.nan, np.inf, -np.inf], dtype=np.float32)
+    body, _ = codec.encode_infer_response(InferResponse("m", outputs=[Tensor.from_numpy("y", values)]),
+                                          InferRequest("m"))
+    assert orjson.loads(body)["outputs"][0]["data"] == [1.5, None, None, None]
+    (nulls,) = codec.decode_infer_response(body, None, 100).outputs
+    np.testing.assert_array_equal(nulls.data, [1.5, np.nan, np.nan, np.nan])
+    triton = (b'{"outputs": [{"name": "y", "datatype": "FP64", "shape": [2, 2], '
+              b'"data": [[NaN, Infinity], [-Infinity, 2]]}]}')
+    (literals,) = codec.decode_infer_response(triton, None, 100).outputs
+    np.testing.assert_array_equal(literals.data, [[np.nan, np.inf], [-np.inf, 2.0]])
+    for datatype, data in [("INT32", [1, None]), ("FP32", [None, "1"]), ("FP32", [None, True])]:
+        request = {"inputs": [{"name": "x", "datatype": datatype, "shape": [2], "data": data}]}
+        with pytest.raises(GatewayError, match=f"{datatype} data must be"):
+            codec.decode_infer_request(orjson.dumps(request), None, "m", "", 100)
+    with pytest.raises(GatewayError, match="not valid JSON"):
+        codec.decode_infer_request(b'{"inputs": [NaN', None, "m", "", 100)

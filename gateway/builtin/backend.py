@@ -28,6 +28,8 @@ class BuiltinOptions:
 
 
 class BuiltinClient(UpstreamClient):
+    extensions = frozenset({DERIVATIVE_OPERATION})
+
     @classmethod
     def needs_endpoints(cls) -> bool:
         return False

@@ -57,6 +57,10 @@ class Frontend(abc.ABC):
 class UpstreamClient(abc.ABC):
     """Speaks an upstream's protocol to one endpoint (or in-process)."""
 
+    # Operations call_extension answers (names in gateway.types); callers
+    # ask DataPlane.offers before promising them to a client.
+    extensions: frozenset[str] = frozenset()
+
     def __init__(self, upstream: UpstreamConfig, endpoint: Address | None, services: GatewayServices) -> None:
         self.upstream = upstream
         self.endpoint = endpoint

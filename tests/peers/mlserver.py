@@ -117,6 +117,14 @@ class MLServerPeer:
         path = self.workdir / "mlserver.log"
         return path.read_text(errors="replace")[-5000:] if path.exists() else ""
 
+    def calls(self, model: str) -> list[dict[str, Any]]:
+        """What ``model`` logged about each request it received, oldest
+        first (models that call ``_shared.record``)."""
+        path = self.workdir / model / "calls.jsonl"
+        if not path.exists():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines()]
+
     def start(self, timeout: float = 120.0) -> MLServerPeer:
         executable = ensure_venv()
         self.http_port, self.grpc_port = free_port(), free_port()

@@ -41,6 +41,8 @@ _CHUNK = 1 << 16
 
 
 class UmbridgeClient(UpstreamClient):
+    extensions = frozenset({DERIVATIVE_OPERATION, METADATA_OPERATION})
+
     @classmethod
     def parse_options(cls, node: Node) -> UpstreamOptions:
         return parse_upstream_options(node)

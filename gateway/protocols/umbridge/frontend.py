@@ -29,7 +29,14 @@ from gateway.protocols.umbridge.options import (
     parse_listener_options,
     parse_route_options,
 )
-from gateway.types import DERIVATIVE_KINDS, METADATA_OPERATION, InferRequest, ModelMetadata, RequestContext
+from gateway.types import (
+    DERIVATIVE_KINDS,
+    DERIVATIVE_OPERATION,
+    METADATA_OPERATION,
+    InferRequest,
+    ModelMetadata,
+    RequestContext,
+)
 
 log = logging.getLogger(__name__)
 PROTOCOL = "umbridge"
@@ -101,7 +108,8 @@ class UmbridgeFrontend(HttpFrontend):
         route_options = options if isinstance(options, RouteOptions) else None
 
         async def load() -> ModelView:
-            return build_view(name, await self._metadata(name, config_text, ctx), route_options)
+            return build_view(name, await self._metadata(name, config_text, ctx), route_options,
+                              native_derivatives=self.dataplane.offers(route, DERIVATIVE_OPERATION))
 
         return await self._views.get((route.index, name, config_text), load)
 

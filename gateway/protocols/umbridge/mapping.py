@@ -180,8 +180,15 @@ def _declared_support(metadata: ModelMetadata) -> frozenset[str] | None:
     return frozenset(f.strip() for f in declared.split(",")) & frozenset(FEATURES)
 
 
-def build_view(name: str, metadata: ModelMetadata, options: RouteOptions | None) -> ModelView:
-    """The UM-Bridge view of a model, or UNSUPPORTED when it has none."""
+def build_view(name: str, metadata: ModelMetadata, options: RouteOptions | None,
+               native_derivatives: bool = True) -> ModelView:
+    """The UM-Bridge view of a model, or UNSUPPORTED when it has none.
+
+    ``native_derivatives``: whether the route's upstream can be asked for
+    derivatives itself. Metadata that crossed a V2 hop (another gateway's
+    view of a UM-Bridge model) may declare derivatives no V2 request can
+    carry; without this they are dropped (finite differences may stand in).
+    """
     options = options or RouteOptions()
     inputs = _pick(metadata.inputs, options.inputs, "input", name)
     outputs = _pick(metadata.outputs, options.outputs, "output", name)
@@ -196,7 +203,7 @@ def build_view(name: str, metadata: ModelMetadata, options: RouteOptions | None)
     in_positions = _positions(metadata.inputs, inputs)
     out_positions = _positions(metadata.outputs, outputs)
     native = support & frozenset(DERIVATIVE_KINDS)
-    if in_positions is None or out_positions is None:
+    if not native_derivatives or in_positions is None or out_positions is None:
         support, native = support - native, frozenset()
     fd = options.finite_differences
     if fd is not None and "Evaluate" in support and all(s.datatype in FLOAT_TYPES for s in in_slots):

@@ -12,6 +12,7 @@ followed by the bytes.
 
 from __future__ import annotations
 
+import json
 import struct
 from collections.abc import Iterable
 from typing import Any
@@ -91,11 +92,25 @@ def decode_error(status: int, body: bytes, upstream: str) -> GatewayError:
 # --- JSON helpers ----------------------------------------------------------
 
 
+def _loads_nonfinite_literals(data: bytes | memoryview) -> Any:
+    """Python's json, which reads the NaN/Infinity/-Infinity literals Triton
+    writes for non-finite values (orjson refuses them); None if it fails too."""
+    raw = bytes(data)
+    if b"NaN" not in raw and b"Infinity" not in raw:
+        return None
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return None
+
+
 def load_json_object(data: bytes | memoryview, what: str) -> dict[str, Any]:
     try:
         obj = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
-        raise malformed(f"{what} is not valid JSON: {exc.msg} at position {exc.pos}") from None
+        obj = _loads_nonfinite_literals(data)
+        if obj is None:
+            raise malformed(f"{what} is not valid JSON: {exc.msg} at position {exc.pos}") from None
     if not isinstance(obj, dict):
         raise malformed(f"{what} must be a JSON object")
     return obj
@@ -176,6 +191,9 @@ def array_from_json(data: Any, datatype: str, shape: tuple[int, ...], count: int
         if kind != "b":
             raise invalid(f"{where}: BOOL data must be true/false")
     elif datatype in ("FP16", "FP32", "FP64", "BF16"):
+        if kind == "O":  # null is NaN: what MLServer and this gateway write for non-finite values
+            parsed = _floats_with_nulls(data, datatype, where)
+            kind = "f"
         if kind not in "fiu":
             raise invalid(f"{where}: {datatype} data must be numbers")
     else:
@@ -191,6 +209,14 @@ def array_from_json(data: Any, datatype: str, shape: tuple[int, ...], count: int
     if datatype == "BF16":
         return float_to_bf16(parsed.astype(np.float64)).reshape(shape)
     return parsed.astype(NUMPY_DTYPES[datatype], copy=False).reshape(shape)
+
+
+def _floats_with_nulls(data: list[Any], datatype: str, where: str) -> np.ndarray:
+    flat: list[Any] = []
+    _flatten(data, flat)
+    if not all(type(item) in (int, float, type(None)) for item in flat):
+        raise invalid(f"{where}: {datatype} data must be numbers")
+    return np.array([np.nan if item is None else item for item in flat], dtype=np.float64)
 
 
 def _uint64_from_json(data: list[Any], shape: tuple[int, ...], where: str) -> np.ndarray:

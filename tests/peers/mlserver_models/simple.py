@@ -1,19 +1,10 @@
 """Like Triton's `simple`: INPUT0, INPUT1 INT32 [-1, 16] -> OUTPUT0 = sum, OUTPUT1 = difference."""
 
+from _shared import request_parameters
 from mlserver import MLModel
 from mlserver.codecs import NumpyCodec
 from mlserver.errors import MLServerError
 from mlserver.types import InferenceRequest, InferenceResponse, Parameters
-
-
-def _user_parameters(parameters: Parameters | None) -> Parameters | None:
-    """The request's own parameters, to echo. MLServer adds the transport
-    headers under "headers"; echoing those would make it answer with the
-    request's Content-Length and break its own reply."""
-    if parameters is None:
-        return None
-    own = {k: v for k, v in parameters.model_dump(exclude_none=True).items() if k != "headers"}
-    return Parameters(**own) if own else None
 
 
 class Model(MLModel):
@@ -27,10 +18,11 @@ class Model(MLModel):
         a, b = arrays["INPUT0"], arrays["INPUT1"]
         if a.shape != b.shape:
             raise MLServerError("INPUT0 and INPUT1 must have the same shape", status_code=400)
+        own = request_parameters(payload)
         return InferenceResponse(
             model_name=self.name,
             model_version=self.version,
             id=payload.id,
-            parameters=_user_parameters(payload.parameters),
+            parameters=Parameters(**own) if own else None,
             outputs=[NumpyCodec.encode_output("OUTPUT0", a + b), NumpyCodec.encode_output("OUTPUT1", a - b)],
         )
