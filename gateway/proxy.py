@@ -370,9 +370,11 @@ class DataPlane:
             return await self._call(generation, route, ctx, lambda c: c.model_ready(target, target_version, ctx))
 
     def offers(self, route: Route, operation: str) -> bool:
-        """Whether the route's upstream answers ``operation`` through
-        call_extension (the others raise UNSUPPORTED for it)."""
-        return operation in self.clusters[route.upstream].clients[0].extensions
+        """Whether every upstream the route sends to (a split has several)
+        answers ``operation`` through call_extension (the others raise
+        UNSUPPORTED for it)."""
+        clusters = self.clusters
+        return all(operation in clusters[name].clients[0].extensions for name in route.upstreams)
 
     async def call_extension(self, operation: str, request: InferRequest, ctx: RequestContext,
                              arguments: Any = None) -> Any:
