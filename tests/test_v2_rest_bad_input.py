@@ -151,6 +151,20 @@ async def test_gzip_bomb_is_refused(gateway: tuple[InProcessGateway, aiohttp.Cli
     assert status == 413 and "inflates to more than the limit" in reply["error"]
 
 
+@pytest.mark.parametrize("count", [4, 4096])
+async def test_responses_compressed_when_accepted_and_worth_it(
+        gateway: tuple[InProcessGateway, aiohttp.ClientSession], count: int) -> None:
+    _, session = gateway
+    body = _identity_json("FP32", [count], [0.5] * count)
+    async with session.post(IDENTITY, data=body, headers={"Accept-Encoding": "gzip"},
+                            auto_decompress=False) as response:
+        raw = await response.read()
+        compressed = response.headers.get("Content-Encoding") == "gzip"
+    assert compressed == (count == 4096)  # a tiny answer is not worth compressing
+    reply = orjson.loads(gzip.decompress(raw) if compressed else raw)
+    assert reply["outputs"][0]["data"] == [0.5] * count
+
+
 async def test_unknown_path_and_method(gateway: tuple[InProcessGateway, aiohttp.ClientSession]) -> None:
     _, session = gateway
     async with session.get("/v2/nothing/here") as response:

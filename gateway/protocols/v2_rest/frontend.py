@@ -13,6 +13,8 @@ from gateway.protocols.v2_rest import codec
 
 PROTOCOL = "v2-rest"
 
+MIN_COMPRESSED_BYTES = 1024
+
 # Extensions this listener really serves (server metadata must not lie).
 EXTENSIONS = ["binary_tensor_data"]
 
@@ -89,9 +91,12 @@ class V2RestFrontend(HttpFrontend):
         ctx.record.encode_seconds = time.perf_counter() - started
         headers[REQUEST_ID_HEADER] = ctx.request_id
         reply = web.Response(body=payload, headers=headers)
-        accepted = request.headers.get("Accept-Encoding", "").lower()
-        if "gzip" in accepted:
-            reply.enable_compression(web.ContentCoding.gzip)
-        elif "deflate" in accepted:
-            reply.enable_compression(web.ContentCoding.deflate)
+        # Many HTTP clients (requests, curl --compressed) accept gzip by
+        # default; below this size compressing costs more than it saves.
+        if len(payload) >= MIN_COMPRESSED_BYTES:
+            accepted = request.headers.get("Accept-Encoding", "").lower()
+            if "gzip" in accepted:
+                reply.enable_compression(web.ContentCoding.gzip)
+            elif "deflate" in accepted:
+                reply.enable_compression(web.ContentCoding.deflate)
         return reply
