@@ -75,7 +75,7 @@ class Bench:
         deadline = time.monotonic() + 60
         while not port_file.exists():
             if proc.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"gateway {name} did not start:\n{proc.log_path.read_text()[-3000:]}")
+                raise RuntimeError(f"gateway {name} did not start: {proc.log_path.read_text()[-600:]}")
             time.sleep(0.05)
         ports: dict[str, int] = json.loads(port_file.read_text())
         for port in ports.values():
@@ -261,7 +261,7 @@ http {{
 
             session = requests.Session()
             for n in (1, 65536):
-                payload = orjson.dumps({"name": "square", "input": [list(np.linspace(0, 1, n))],
+                payload = orjson.dumps({"name": "square", "input": [np.linspace(0, 1, n).tolist()],
                                         "config": {"n": n}})
 
                 def evaluate(port: int, payload: bytes = payload) -> Callable[[], None]:
@@ -399,7 +399,7 @@ def main() -> int:
             try:
                 scenario()
             except Exception as exc:  # one failed scenario must not hide the others' numbers
-                bench.report.add(Row(name, f"FAILED: {type(exc).__name__}: {str(exc)[:200]}", {}))
+                bench.report.add(Row(name, f"FAILED: {type(exc).__name__}: {str(exc)[-600:]}", {}))
         report = bench.report
     RESULTS.mkdir(exist_ok=True)
     command = "make bench" + (" BENCH_ARGS='--quick'" if args.quick else "")

@@ -45,7 +45,7 @@ class V2GrpcClient(UpstreamClient):
 
     async def start(self) -> None:
         self._channel = grpc.aio.insecure_channel(str(self.endpoint), options=[
-            ("grpc.max_receive_message_length", self.max_response),
+            ("grpc.max_receive_message_length", min(self.max_response, pb.GRPC_MAX_MESSAGE)),
             ("grpc.max_send_message_length", -1),  # requests were bounded when they arrived
             ("grpc.max_reconnect_backoff_ms", _MAX_RECONNECT_BACKOFF_MS),
         ])

@@ -51,7 +51,7 @@ class GrpcListenerOptions:
 
 def server_options(max_message_bytes: int, reuse_port: bool = False) -> list[tuple[str, Any]]:
     return [
-        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_receive_message_length", min(max_message_bytes, pb.GRPC_MAX_MESSAGE)),
         ("grpc.max_send_message_length", -1),  # answers are bounded by what upstreams may send
         # Shared only by `--workers N` processes; otherwise a second gateway on
         # the same port must fail, not silently share it (grpc defaults it on).

@@ -25,6 +25,8 @@ from grpc_reflection.v1alpha import reflection_pb2
 from gateway.protocols.v2_grpc.generated import inference_descriptor
 
 SERVICE = "inference.GRPCInferenceService"
+# grpc takes message size limits as a C int: larger settings are capped here.
+GRPC_MAX_MESSAGE = (1 << 31) - 1
 
 
 def _build_pool() -> descriptor_pool.DescriptorPool:
