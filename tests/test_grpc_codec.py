@@ -36,10 +36,11 @@ def test_typed_round_trip(datatype: str) -> None:
     """Typed outputs we write decode back to the same array (typed inputs)."""
     array, field = TYPED_CASES[datatype]
     response = InferResponse("m", outputs=[Tensor.from_numpy("x", array.reshape(1, 2), datatype)])
-    message = codec.encode_infer_response(response, typed=True)
+    wire = codec.encode_infer_response(response, typed=True)
+    message = pb.ModelInferResponse.FromString(wire)
     assert not message.raw_output_contents
     assert [d.name for d, _ in message.outputs[0].contents.ListFields()] == [field]
-    (decoded,) = codec.decode_infer_response(message, MAX).outputs
+    (decoded,) = codec.decode_infer_response(wire, MAX).outputs
     assert decoded.datatype == datatype and decoded.shape == (1, 2)
     assert decoded.data.tolist() == array.reshape(1, 2).tolist()
 
@@ -48,11 +49,30 @@ def test_typed_round_trip(datatype: str) -> None:
 def test_raw_round_trip(datatype: str) -> None:
     array, _ = TYPED_CASES[datatype]
     request = InferRequest("m", inputs=[Tensor.from_numpy("x", array, datatype)])
-    message = codec.encode_infer_request(request)
+    wire = codec.encode_infer_request(request)
+    message = pb.ModelInferRequest.FromString(wire)  # hand-serialized, still what protobuf reads
     assert len(message.raw_input_contents) == 1 and not message.inputs[0].HasField("contents")
-    (decoded,) = codec.decode_infer_request(pb.ModelInferRequest.FromString(message.SerializeToString()),
-                                            MAX).inputs
+    assert message.raw_input_contents[0] == bytes(codec.array_to_raw(request.inputs[0]))
+    (decoded,) = codec.decode_infer_request(wire, MAX).inputs
     assert decoded.data.tolist() == array.tolist()
+    # ... and protobuf's own serialization decodes the same
+    (again,) = codec.decode_infer_request(message.SerializeToString(), MAX).inputs
+    assert again.data.tolist() == array.tolist()
+
+
+def test_raw_contents_are_zero_copy_views() -> None:
+    data = np.arange(1 << 16, dtype=np.float32)
+    wire = codec.encode_infer_request(InferRequest("m", inputs=[Tensor.from_numpy("x", data)]))
+    (decoded,) = codec.decode_infer_request(wire, MAX).inputs
+    assert np.shares_memory(decoded.data, np.frombuffer(wire, dtype=np.uint8))
+    np.testing.assert_array_equal(decoded.data, data)
+
+
+@pytest.mark.parametrize("wire", [b"\x0a\xff", b"\x3a\x05ab", b"\x0f", b"\xff" * 11])
+def test_malformed_wire_is_invalid_argument(wire: bytes) -> None:
+    with pytest.raises(GatewayError) as info:
+        codec.decode_infer_request(wire, MAX)
+    assert info.value.kind is ErrorKind.MALFORMED_REQUEST
 
 
 def test_parameters_of_every_kind() -> None:
@@ -73,14 +93,15 @@ def test_parameters_of_every_kind() -> None:
 def test_rest_binary_parameters_do_not_cross_to_grpc() -> None:
     request = InferRequest("m", parameters={"binary_data_output": True, "keep": 1},
                            outputs=[RequestedOutput("y", {"binary_data": True, "classification": 2})])
-    message = codec.encode_infer_request(request)
+    message = pb.ModelInferRequest.FromString(codec.encode_infer_request(request))
     assert set(message.parameters) == {"keep"}
     assert set(message.outputs[0].parameters) == {"classification"}
 
 
 def test_typed_reply_falls_back_to_raw_for_fp16() -> None:
     outputs = [Tensor.from_numpy("a", np.zeros(2, np.float16)), Tensor.from_numpy("b", np.zeros(2, np.int32))]
-    message = codec.encode_infer_response(InferResponse("m", outputs=outputs), typed=True)
+    wire = codec.encode_infer_response(InferResponse("m", outputs=outputs), typed=True)
+    message = pb.ModelInferResponse.FromString(wire)
     assert len(message.raw_output_contents) == 2
     assert not any(o.HasField("contents") for o in message.outputs)
 
@@ -90,7 +111,7 @@ def test_empty_contents_next_to_raw_is_no_mix() -> None:
     message = pb.ModelInferResponse(raw_output_contents=[b"\1\0\0\0"])
     output = message.outputs.add(name="y", datatype="INT32", shape=[1])
     output.contents.SetInParent()
-    assert codec.decode_infer_response(message, MAX).outputs[0].data.tolist() == [1]
+    assert codec.decode_infer_response(message.SerializeToString(), MAX).outputs[0].data.tolist() == [1]
 
 
 @pytest.mark.parametrize(("code", "details", "kind"), [

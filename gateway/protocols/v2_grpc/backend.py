@@ -50,7 +50,7 @@ class V2GrpcClient(UpstreamClient):
             ("grpc.max_reconnect_backoff_ms", _MAX_RECONNECT_BACKOFF_MS),
         ])
         self._calls = {name: self._channel.unary_unary(pb.method_path(name),
-                                                       request_serializer=request_class.SerializeToString)
+                                                       request_serializer=pb.serializer(request_class))
                        for name, (request_class, _) in pb.METHODS.items()}
 
     async def close(self) -> None:
@@ -58,7 +58,7 @@ class V2GrpcClient(UpstreamClient):
             await self._channel.close()
             self._channel = None
 
-    async def _call(self, name: str, request: Any, ctx: RequestContext) -> Any:
+    async def _call(self, name: str, request: Any, ctx: RequestContext, parse: bool = True) -> Any:
         timeout = ctx.remaining()
         if timeout is not None and timeout <= 0:
             raise GatewayError(ErrorKind.UPSTREAM_TIMEOUT, f"no time left to call upstream {self.label}")
@@ -70,6 +70,8 @@ class V2GrpcClient(UpstreamClient):
             data = await call(request, timeout=timeout, metadata=metadata)
         except grpc.aio.AioRpcError as exc:
             raise codec.decode_error(exc.code(), exc.details(), self.label) from None
+        if not parse:
+            return data
         response_class = pb.METHODS[name][1]
         with reading_reply(self.label):
             try:
@@ -78,7 +80,9 @@ class V2GrpcClient(UpstreamClient):
                 raise malformed(f"not a valid {response_class.DESCRIPTOR.full_name} message") from None
 
     async def infer(self, request: InferRequest, ctx: RequestContext) -> InferResponse:
-        reply = await self._call("ModelInfer", codec.encode_infer_request(request), ctx)
+        # Serialized by hand and parsed by hand: raw tensors are never copied
+        # through protobuf objects (see rawwire).
+        reply = await self._call("ModelInfer", codec.encode_infer_request(request), ctx, parse=False)
         with reading_reply(self.label):
             return codec.decode_infer_response(reply, self.services.config.limits.max_tensor_elements)
 

@@ -18,9 +18,11 @@ from typing import Any
 import grpc
 import numpy as np
 import orjson
+from google.protobuf.message import DecodeError
 
 from gateway.errors import ErrorKind, GatewayError, invalid, malformed
 from gateway.protocols.v2_grpc import messages as pb
+from gateway.protocols.v2_grpc import rawwire
 from gateway.protocols.v2_rest.codec import array_from_raw, array_to_raw
 from gateway.types import (
     NUMPY_DTYPES,
@@ -199,39 +201,61 @@ def _fill_typed(tensor: Tensor, contents: Any) -> None:
     values.extend(list(flat) if tensor.datatype == "BYTES" else flat.tolist())
 
 
-def encode_tensors(tensors: Iterable[Tensor], items: Any, raw_contents: Any, typed: bool) -> None:
-    """Append tensors to a repeated tensor field; data raw, or typed when
-    ``typed`` and every datatype has a typed field (else all raw: one
-    message must not mix the two forms)."""
+def encode_tensors(tensors: Iterable[Tensor], items: Any, typed: bool) -> list[Any]:
+    """Append tensors to a repeated tensor field, their data typed when
+    ``typed`` and every datatype has a typed field; else (one message must
+    not mix the two forms) return the raw contents, in order, for
+    :func:`rawwire.serialize` to put on the wire without copying them."""
     tensors = list(tensors)
     typed = typed and all(t.datatype in TYPED_FIELD for t in tensors)
+    raw: list[Any] = []
     for tensor in tensors:
         item = items.add(name=tensor.name, datatype=tensor.datatype, shape=tensor.shape)
         parameters_to_proto(tensor.parameters, item.parameters)
         if typed:
             _fill_typed(tensor, item.contents)
         else:
-            raw_contents.append(bytes(array_to_raw(tensor)))
+            raw.append(array_to_raw(tensor))
+    return raw
+
+
+def _parse(data: bytes | memoryview, message_class: Any, raw_field: str) -> tuple[Any, list[memoryview]]:
+    """A message with its raw contents as zero-copy views into ``data``."""
+    name = message_class.DESCRIPTOR.full_name
+    try:
+        head, raw = rawwire.split(data, message_class.DESCRIPTOR.fields_by_name[raw_field].number)
+        return message_class.FromString(head), raw
+    except GatewayError as error:
+        raise malformed(f"not a valid {name} message: {error.message}") from None
+    except DecodeError:
+        raise malformed(f"not a valid {name} message") from None
+
+
+def _serialize(message: Any, raw_field: str, raw: list[Any]) -> bytes:
+    return rawwire.serialize(message, message.DESCRIPTOR.fields_by_name[raw_field].number, raw)
 
 
 # --- frontend: client requests in, our answers out -------------------------------
 
 
-def decode_infer_request(message: Any, max_elements: int) -> InferRequest:
+def decode_infer_request(data: bytes | memoryview, max_elements: int) -> InferRequest:
+    """A serialized ModelInferRequest; raw inputs stay views into ``data``."""
+    message, raw = _parse(data, pb.ModelInferRequest, "raw_input_contents")
     if not message.model_name:
         raise malformed("the request has no model_name")
-    inputs = decode_tensors(message.inputs, message.raw_input_contents, "input", max_elements)
+    inputs = decode_tensors(message.inputs, raw, "input", max_elements)
     outputs = [RequestedOutput(o.name, parameters_from_proto(o.parameters)) for o in message.outputs]
     return InferRequest(message.model_name, message.model_version, message.id, inputs, outputs,
                         parameters_from_proto(message.parameters))
 
 
-def encode_infer_response(response: InferResponse, typed: bool = False) -> Any:
+def encode_infer_response(response: InferResponse, typed: bool = False) -> bytes:
+    """A serialized ModelInferResponse."""
     message = pb.ModelInferResponse(model_name=response.model_name, model_version=response.model_version,
                                     id=response.id)
     parameters_to_proto(response.parameters, message.parameters)
-    encode_tensors(response.outputs, message.outputs, message.raw_output_contents, typed)
-    return message
+    raw = encode_tensors(response.outputs, message.outputs, typed)
+    return _serialize(message, "raw_output_contents", raw)
 
 
 def encode_model_metadata(metadata: ModelMetadata) -> Any:
@@ -250,20 +274,23 @@ def encode_server_metadata(name: str, version: str, extensions: list[str]) -> An
 # --- backend: our requests out, upstream answers in --------------------------------
 
 
-def encode_infer_request(request: InferRequest) -> Any:
-    """A request for an upstream V2 gRPC server; always raw contents (every
-    server reads them, and they are the only form for FP16/BF16)."""
+def encode_infer_request(request: InferRequest) -> bytes:
+    """A serialized request for an upstream V2 gRPC server; always raw
+    contents (every server reads them, and they are the only form for
+    FP16/BF16)."""
     message = pb.ModelInferRequest(model_name=request.model_name, model_version=request.model_version,
                                    id=request.id)
     parameters_to_proto(request.parameters, message.parameters)
-    encode_tensors(request.inputs, message.inputs, message.raw_input_contents, typed=False)
+    raw = encode_tensors(request.inputs, message.inputs, typed=False)
     for output in request.outputs:
         parameters_to_proto(output.parameters, message.outputs.add(name=output.name).parameters)
-    return message
+    return _serialize(message, "raw_input_contents", raw)
 
 
-def decode_infer_response(message: Any, max_elements: int) -> InferResponse:
-    outputs = decode_tensors(message.outputs, message.raw_output_contents, "output", max_elements)
+def decode_infer_response(data: bytes | memoryview, max_elements: int) -> InferResponse:
+    """A serialized ModelInferResponse; raw outputs stay views into ``data``."""
+    message, raw = _parse(data, pb.ModelInferResponse, "raw_output_contents")
+    outputs = decode_tensors(message.outputs, raw, "output", max_elements)
     return InferResponse(message.model_name, message.model_version, message.id, outputs,
                          parameters_from_proto(message.parameters))
 

@@ -38,6 +38,9 @@ from gateway.types import RequestContext
 
 log = logging.getLogger(__name__)
 PROTOCOL = "v2-grpc"
+# RPCs whose handler parses the request bytes itself (raw tensors stay
+# zero-copy views; see rawwire).
+PARSED_BY_HANDLER = frozenset({"ModelInfer"})
 REQUEST_ID_KEY = "x-request-id"
 HEALTH_SERVICE = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
 
@@ -86,7 +89,7 @@ class V2GrpcFrontend(Frontend):
         server = grpc.aio.server(options=server_options(limit, self.services.reuse_port))
         handlers = {
             name: grpc.unary_unary_rpc_method_handler(
-                self._handler(name, request_class), response_serializer=response_class.SerializeToString)
+                self._handler(name, request_class), response_serializer=pb.serializer(response_class))
             for name, (request_class, response_class) in pb.METHODS.items()
         }
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(pb.SERVICE, handlers),))
@@ -130,15 +133,17 @@ class V2GrpcFrontend(Frontend):
             in_flight.inc()
             failure: GatewayError
             try:
-                try:
-                    message: Any = request_class.FromString(data)
-                except DecodeError:
-                    raise malformed(f"the request is not a valid {type_name} message") from None
-                message_id = str(getattr(message, "id", ""))
-                if REQUEST_ID_KEY not in ctx.headers and message_id:
-                    ctx.request_id = accept_request_id(message_id)  # the message's own id, as Triton echoes it
+                if name in PARSED_BY_HANDLER:
+                    message: Any = data
+                else:
+                    try:
+                        message = request_class.FromString(data)
+                    except DecodeError:
+                        raise malformed(f"the request is not a valid {type_name} message") from None
+                    self._adopt_message_id(ctx, str(getattr(message, "id", "")))
                 reply = await operation(message, ctx)
-                record.status, record.response_bytes = grpc.StatusCode.OK.name, reply.ByteSize()
+                size = len(reply) if isinstance(reply, bytes) else reply.ByteSize()
+                record.status, record.response_bytes = grpc.StatusCode.OK.name, size
                 return reply
             except GatewayError as error:
                 failure = error
@@ -160,6 +165,13 @@ class V2GrpcFrontend(Frontend):
             await context.abort(code, message)
 
         return handle
+
+    @staticmethod
+    def _adopt_message_id(ctx: RequestContext, message_id: str) -> None:
+        """Without an x-request-id, the message's own id names the request
+        (Triton echoes it)."""
+        if REQUEST_ID_KEY not in ctx.headers and message_id:
+            ctx.request_id = accept_request_id(message_id)
 
     def _context(self, context: grpc.aio.ServicerContext) -> RequestContext:
         metadata = _metadata_dict(context)
@@ -202,9 +214,10 @@ class V2GrpcFrontend(Frontend):
         metadata = await self.dataplane.model_metadata(request.name, request.version, ctx)
         return codec.encode_model_metadata(metadata)
 
-    async def _ModelInfer(self, request: Any, ctx: RequestContext) -> Any:
+    async def _ModelInfer(self, data: bytes, ctx: RequestContext) -> bytes:
         started = time.perf_counter()
-        infer_request = codec.decode_infer_request(request, self.services.config.limits.max_tensor_elements)
+        infer_request = codec.decode_infer_request(data, self.services.config.limits.max_tensor_elements)
+        self._adopt_message_id(ctx, infer_request.id)
         ctx.record.decode_seconds = time.perf_counter() - started
         response = await self.dataplane.infer(infer_request, ctx)
         started = time.perf_counter()

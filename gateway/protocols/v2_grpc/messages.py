@@ -14,7 +14,7 @@ can describe every service the listener serves from this one pool.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any
 
@@ -72,3 +72,12 @@ METHODS: Mapping[str, tuple[Any, Any]] = MappingProxyType({
 
 def method_path(name: str) -> str:
     return f"/{SERVICE}/{name}"
+
+
+def serializer(message_class: Any) -> Callable[[Any], bytes]:
+    """For grpc: messages are serialized by protobuf, bytes already
+    serialized by hand (ModelInfer, see rawwire) pass as they are."""
+    def serialize(message: Any) -> bytes:
+        return message if isinstance(message, bytes) else message_class.SerializeToString(message)  # type: ignore[no-any-return]
+
+    return serialize
