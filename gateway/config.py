@@ -15,7 +15,9 @@ from typing import Any
 
 import yaml
 
+from gateway.auth import CredentialConfig, SecretRef, parse_credential_config, parse_secret_ref
 from gateway.confignode import ConfigError, Node, expand_env
+from gateway.tls import CLIENT_AUTH_MODES, ListenerTls, UpstreamTls, parse_listener_tls, parse_upstream_tls
 
 DEFAULT_MAX_REQUEST_BYTES = 64 << 20
 DEFAULT_CONFIG_RESOURCE = "default_config.yaml"
@@ -66,6 +68,8 @@ class ListenerConfig:
     protocol: str
     address: Address
     options: Any = None  # the frontend's own parsed options
+    tls: ListenerTls | None = None  # HTTPS / gRPC TLS (docs/security.md)
+    auth: CredentialConfig | None = None  # tokens clients must present
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +79,8 @@ class UpstreamConfig:
     endpoints: tuple[Address, ...] = ()
     timeout: float | None = None  # seconds, per call, when a route sets none
     options: Any = None  # the backend's own parsed options
+    tls: UpstreamTls | None = None  # TLS / mTLS toward the endpoints
+    auth: CredentialConfig | None = None  # a credential header sent on every call
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,11 +116,16 @@ class RouteConfig:
     rewrite: Rewrite = Rewrite()
     timeout: float | None = None
     options: Mapping[str, Any] = field(default_factory=dict)
+    # Pass the client's own Authorization header upstream (off: never sent).
+    forward_authorization: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class AdminConfig:
     address: Address | None = Address("127.0.0.1", 8002)
+    # Bearer token for every non-GET admin endpoint; without one such
+    # endpoints answer only on a loopback address (docs/security.md).
+    token: SecretRef | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,6 +249,16 @@ def _protocol_options(node: Node, protocol: str | None, side: str) -> Any:
     return component.parse_options(node)
 
 
+def _client_auth_modes(protocol: str | None) -> tuple[str, ...]:
+    """The TLS client_auth modes a frontend's server library offers."""
+    from gateway.protocols import registry
+
+    try:
+        return registry.load(protocol or "", "frontend").TLS_CLIENT_AUTH_MODES  # type: ignore[no-any-return]
+    except KeyError:
+        return CLIENT_AUTH_MODES
+
+
 def _route_options(node: Node, base_dir: Path) -> dict[str, Any]:
     """A route's ``options``: keys naming a frontend protocol are parsed by
     that frontend (``parse_route_options``), other keys are kept as given."""
@@ -320,7 +341,8 @@ def parse_config(data: Any, source: str = "<string>", base_dir: Path | None = No
 
     admin_node = root.child("admin", {})
     admin_address = admin_node.child("address", "127.0.0.1:8002")
-    admin = AdminConfig(parse_address(admin_address) if admin_address.value is not None else None)
+    admin_token = parse_secret_ref(admin_node.child("token"), base_dir) if admin_node.has("token") else None
+    admin = AdminConfig(parse_address(admin_address) if admin_address.value is not None else None, admin_token)
     admin_node.check_no_unknown_keys()
 
     listeners: list[ListenerConfig] = []
@@ -329,9 +351,11 @@ def parse_config(data: Any, source: str = "<string>", base_dir: Path | None = No
         name, protocol = item.string("name"), item.string("protocol")
         address = parse_address(item.child("address"))
         options = _protocol_options(item, protocol, "frontend")
+        tls = parse_listener_tls(item.child("tls", None), base_dir, _client_auth_modes(protocol))
+        auth = parse_credential_config(item.child("auth", None), base_dir)
         item.check_no_unknown_keys()
         if name and protocol and address:
-            listeners.append(ListenerConfig(name, protocol, address, options))
+            listeners.append(ListenerConfig(name, protocol, address, options, tls, auth))
     _unique(listeners_node, _names_of(listeners_node), "listener")
 
     upstreams: list[UpstreamConfig] = []
@@ -341,9 +365,11 @@ def parse_config(data: Any, source: str = "<string>", base_dir: Path | None = No
         endpoints = tuple(a for a in map(parse_address, item.child("endpoints", []).items()) if a)
         timeout = item.duration("timeout", None)
         options = _protocol_options(item, protocol, "backend")
+        upstream_tls = parse_upstream_tls(item.child("tls", None), base_dir)
+        upstream_auth = parse_credential_config(item.child("auth", None), base_dir)
         item.check_no_unknown_keys()
         if name and protocol:
-            upstreams.append(UpstreamConfig(name, protocol, endpoints, timeout, options))
+            upstreams.append(UpstreamConfig(name, protocol, endpoints, timeout, options, upstream_tls, upstream_auth))
     _unique(upstreams_node, _names_of(upstreams_node), "upstream")
 
     listener_names = {x.name for x in listeners}
@@ -357,9 +383,10 @@ def parse_config(data: Any, source: str = "<string>", base_dir: Path | None = No
         rewrite = _rewrite(item.child("rewrite", None))
         timeout = item.duration("timeout", None)
         options = _route_options(item.child("options", {}), base_dir)
+        forward_authorization = item.flag("forward_authorization", False)
         item.check_no_unknown_keys()
         if upstream:
-            routes.append(RouteConfig(match, upstream, rewrite, timeout, options))
+            routes.append(RouteConfig(match, upstream, rewrite, timeout, options, forward_authorization))
 
     observability = _observability(root.child("observability", {}))
 

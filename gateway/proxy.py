@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 from gateway.config import GatewayConfig, UpstreamConfig
 from gateway.errors import ErrorKind, GatewayError, invalid, model_not_found
 from gateway.metrics import metrics_of
+from gateway.modelnames import check_model
 from gateway.protocols import registry
 from gateway.protocols.base import UpstreamClient
 from gateway.routing import Route, RouteTable
@@ -68,10 +69,12 @@ class DataPlane:
     # --- routing --------------------------------------------------------
 
     def resolve(self, model: str, version: str, ctx: RequestContext) -> Route:
+        check_model(model, version)  # every frontend's names pass here (docs/security.md)
         route = self.routes.resolve(model, version, ctx.listener, ctx.protocol, ctx.headers)
         ctx.record.model, ctx.record.version = model, version  # observability (issue 7)
         if route is None:
             raise model_not_found(model, version)
+        ctx.forward_authorization = route.config.forward_authorization
         ctx.record.route, ctx.record.upstream = str(route.index), route.upstream
         return route
 

@@ -12,7 +12,8 @@ from prometheus_client import CollectorRegistry
 
 from gateway import __version__
 from gateway.accesslog import AccessLog
-from gateway.admin import start_admin
+from gateway.admin import ADMIN_AUTH, start_admin
+from gateway.auth import CredentialConfig
 from gateway.config import GatewayConfig, ServerIdentity
 from gateway.metrics import GatewayMetrics
 from gateway.protocols import registry
@@ -85,6 +86,19 @@ class Gateway:
             self.frontends[listener.name] = frontend
         if self.config.admin.address is not None:
             self._admin, self.admin_port = await start_admin(self, self.config.admin.address)
+
+    def reload_security(self, config: GatewayConfig) -> None:
+        """Re-read certificate and token files of running listeners and of
+        the admin token, from ``config`` (the same listeners by name), e.g.
+        after cert-manager rotated the files in place. Upstream clients read
+        theirs when started, so a reload that rebuilds them needs nothing
+        more. Raises OSError/ssl.SSLError, keeping what still works."""
+        by_name = {listener.name: listener for listener in config.listeners}
+        for name, frontend in self.frontends.items():
+            if name in by_name:
+                frontend.reload_security(by_name[name])
+        if self._admin is not None and config.admin.token is not None and ADMIN_AUTH in self._admin.app:
+            self._admin.app[ADMIN_AUTH].reload(CredentialConfig(config.admin.token))
 
     async def stop(self, grace: float = 5.0) -> None:
         self.dataplane.draining = True

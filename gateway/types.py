@@ -202,6 +202,9 @@ class RequestContext:
     tracestate: str = ""
     # What metrics and the access log learn about this request (gateway.observe).
     record: RequestRecord = field(default_factory=RequestRecord)
+    # Set by the data plane from the route: send the client's Authorization
+    # header upstream (UpstreamClient.request_headers); never by default.
+    forward_authorization: bool = False
 
     def remaining(self) -> float | None:
         if self.deadline is None:
