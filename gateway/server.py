@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import ssl
 from dataclasses import dataclass, field
 
 from aiohttp import web
@@ -92,13 +93,22 @@ class Gateway:
         the admin token, from ``config`` (the same listeners by name), e.g.
         after cert-manager rotated the files in place. Upstream clients read
         theirs when started, so a reload that rebuilds them needs nothing
-        more. Raises OSError/ssl.SSLError, keeping what still works."""
+        more. Every listener is tried; the first failure is raised after
+        (OSError or ssl.SSLError), and a listener that failed keeps its old
+        material."""
         by_name = {listener.name: listener for listener in config.listeners}
+        failures: list[Exception] = []
         for name, frontend in self.frontends.items():
-            if name in by_name:
-                frontend.reload_security(by_name[name])
+            try:
+                if name in by_name:
+                    frontend.reload_security(by_name[name])
+            except (OSError, ssl.SSLError) as exc:
+                log.error("listener %s: cannot reload certificates or tokens: %s", name, exc)
+                failures.append(exc)
         if self._admin is not None and config.admin.token is not None and ADMIN_AUTH in self._admin.app:
             self._admin.app[ADMIN_AUTH].reload(CredentialConfig(config.admin.token))
+        if failures:
+            raise failures[0]
 
     async def stop(self, grace: float = 5.0) -> None:
         self.dataplane.draining = True
