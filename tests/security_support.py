@@ -60,7 +60,7 @@ async def served_fingerprint(port: int, ca: Path, client: Pki | None = None, alp
         context.load_cert_chain(client.client_cert, client.client_key)
     if alpn:
         context.set_alpn_protocols([alpn])
-    reader, writer = await asyncio.wait_for(
+    _, writer = await asyncio.wait_for(
         asyncio.open_connection("127.0.0.1", port, ssl=context, server_hostname="127.0.0.1"), 10)
     try:
         der = writer.get_extra_info("ssl_object").getpeercert(binary_form=True)
