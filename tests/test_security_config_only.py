@@ -170,6 +170,51 @@ async def test_graphstorm_target_model_header_cannot_redirect(setup: tuple[InPro
     assert canary.connections == 0
 
 
+async def test_upstream_redirects_are_not_followed() -> None:
+    """A (misbehaving) upstream answering 307 toward the canary: an error
+    answer, never a connection there. The redirecting server is a stand-in:
+    no real peer redirects on purpose."""
+    canary = Canary()
+    target = f"127.0.0.1:{await canary.start()}"
+
+    async def redirect(request: web.Request) -> web.Response:
+        raise web.HTTPTemporaryRedirect(f"http://{target}{request.path}")
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", redirect)
+    redirector = TestServer(app, host="127.0.0.1")
+    await redirector.start_server()
+    endpoint = f'["127.0.0.1:{redirector.port}"]'
+    config = f"""
+admin: {{address: null}}
+listeners:
+  - {{name: rest, protocol: v2-rest, address: "127.0.0.1:0"}}
+  - {{name: umb, protocol: umbridge, address: "127.0.0.1:0"}}
+  - {{name: gs, protocol: graphstorm, address: "127.0.0.1:0"}}
+upstreams:
+  - {{name: r, protocol: v2-rest, endpoints: {endpoint}}}
+  - {{name: u, protocol: umbridge, endpoints: {endpoint}}}
+  - {{name: g, protocol: graphstorm, endpoints: {endpoint}}}
+routes:
+  - {{match: {{listener: gs}}, upstream: g}}
+  - {{match: {{listener: umb}}, upstream: u}}
+  - {{match: {{model: "*"}}, upstream: r}}
+"""
+    try:
+        async with InProcessGateway(config) as gw:
+            status, body = await fetch("POST", gw.url("rest") + "/v2/models/simple/infer", json=SIMPLE_INFER_REQUEST)
+            assert status == 502 and "answered 307" in body["error"]
+            status, body = await fetch("POST", gw.url("umb") + "/Evaluate", json={"name": "m", "input": [[1.0]]})
+            assert status == 500 and body["error"]["type"] == "InvalidOutput" and "307" in body["error"]["message"]
+            status, body = await fetch("POST", gw.url("gs") + "/invocations", json=movielens())
+            assert body["status_code"] == 500 and "HTTP 307" in body["error"]
+    finally:
+        await redirector.close()
+        assert canary.server is not None
+        canary.server.close()
+    assert canary.connections == 0
+
+
 @pytest.mark.parametrize(("model", "version", "problem"), [
     ("m" * MAX_MODEL_NAME_CHARS, "", None),
     ("m" * (MAX_MODEL_NAME_CHARS + 1), "", "model name is 257 characters long, over the limit of 256"),

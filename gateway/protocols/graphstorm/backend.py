@@ -102,8 +102,10 @@ class GraphStormClient(UpstreamClient):
             raise GatewayError(ErrorKind.UPSTREAM_UNAVAILABLE, f"upstream {self.label} is not started")
         limit = self.services.config.limits.max_request_bytes
         try:
+            # Redirects are answers, never followed: addresses come only from config.
             async with self._session.request(method, self._url(path), data=body, headers=headers,
-                                             server_hostname=self._tls.server_hostname) as reply:
+                                             server_hostname=self._tls.server_hostname,
+                                             allow_redirects=False) as reply:
                 if reply.content_length is not None and reply.content_length > limit:
                     raise _too_large(self.label, limit)
                 answer = await reply.content.read(limit + 1)

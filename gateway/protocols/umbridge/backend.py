@@ -93,8 +93,10 @@ class UmbridgeClient(UpstreamClient):
         headers.update(self.request_headers(ctx))
         for attempt in range(2):
             try:
+                # Redirects are answers, never followed: addresses come only from config.
                 async with self._session.request(method, self.base_url + path, data=body, headers=headers,
-                                                 server_hostname=self._tls.server_hostname) as resp:
+                                                 server_hostname=self._tls.server_hostname,
+                                                 allow_redirects=False) as resp:
                     return resp.status, await self._read(resp)
             except aiohttp.ServerDisconnectedError:
                 # A kept-alive connection the server had just closed: try once more on a new one.

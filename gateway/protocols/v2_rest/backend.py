@@ -92,8 +92,10 @@ class V2RestClient(UpstreamClient):
         # none (MLServer would gzip every reply aiohttp's default accepts).
         headers = {"Accept-Encoding": "identity", **(headers or {}), **self.request_headers(ctx)}
         try:
+            # Redirects are answers, never followed: addresses come only from config.
             async with self._session.request(method, path, data=body, headers=headers,
-                                             server_hostname=self._tls.server_hostname) as response:
+                                             server_hostname=self._tls.server_hostname,
+                                             allow_redirects=False) as response:
                 declared = response.content_length
                 if declared is not None and declared > self.max_response:
                     raise too_large_reply(self.label, declared, self.max_response)
