@@ -11,6 +11,18 @@ from pathlib import Path
 
 import trustme
 
+# Upstreams and routes of a gateway serving the builtin models, GraphStorm
+# invocations on a listener named `gs` with the MovieLens graph schema.
+BUILTIN_BACKEND = """
+upstreams:
+  - {name: local, protocol: builtin}
+routes:
+  - match: {model: gnn, listener: gs}
+    upstream: local
+    options: {graphstorm: {graph_schema: "builtin:movielens"}}
+  - {match: {model: "*"}, upstream: local}
+"""
+
 # Names in the server certificates: the loopback address clients dial, and
 # a DNS name that only `server_name` overrides can ask for.
 SERVER_NAMES = ("127.0.0.1", "upstream.test")

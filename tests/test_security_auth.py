@@ -18,7 +18,7 @@ import yaml
 from graphstorm_payloads import movielens
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
-from security_support import write_token
+from security_support import BUILTIN_BACKEND, write_token
 
 from gateway.auth import Authenticator, CredentialConfig, SecretRef
 from gateway.config import parse_config
@@ -41,14 +41,7 @@ listeners:
   - {{name: grpc, protocol: v2-grpc, address: "127.0.0.1:0", {auth}}}
   - {{name: umb, protocol: umbridge, address: "127.0.0.1:0", {auth}}}
   - {{name: gs, protocol: graphstorm, address: "127.0.0.1:0", {auth}}}
-upstreams:
-  - {{name: local, protocol: builtin}}
-routes:
-  - match: {{model: gnn, listener: gs}}
-    upstream: local
-    options: {{graphstorm: {{graph_schema: "builtin:movielens"}}}}
-  - {{match: {{model: "*"}}, upstream: local}}
-"""
+""" + BUILTIN_BACKEND
 
 
 @pytest.fixture

@@ -20,6 +20,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from graphstorm_payloads import movielens
+from security_support import BUILTIN_BACKEND
 from yarl import URL
 
 from gateway.admin import build_admin_app, is_loopback
@@ -36,11 +37,7 @@ listeners:
   - {name: rest, protocol: v2-rest, address: "127.0.0.1:0"}
   - {name: umb, protocol: umbridge, address: "127.0.0.1:0"}
   - {name: gs, protocol: graphstorm, address: "127.0.0.1:0"}
-upstreams: [{name: local, protocol: builtin}]
-routes:
-  - {match: {model: gnn, listener: gs}, upstream: local, options: {graphstorm: {graph_schema: "builtin:movielens"}}}
-  - {match: {model: "*"}, upstream: local}
-"""
+""" + BUILTIN_BACKEND
 
 
 def front_config(ports: dict[str, int]) -> str:

@@ -23,7 +23,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 import umbridge
 from graphstorm_payloads import movielens
-from security_support import Pki, make_pki, write_token
+from security_support import BUILTIN_BACKEND, Pki, make_pki, write_token
 
 from support import SIMPLE_INFER_REQUEST, GatewayProcess, write_config
 
@@ -41,14 +41,7 @@ listeners:
   - {{name: gs, protocol: graphstorm, address: "127.0.0.1:0", {_SECURE}}}
   # TLS only, for umbridge.HTTPModel (it can send neither a certificate nor a header)
   - {{name: umb_open, protocol: umbridge, address: "127.0.0.1:0", tls: {{cert: server.pem, key: server.key}}}}
-upstreams:
-  - {{name: local, protocol: builtin}}
-routes:
-  - match: {{model: gnn, listener: gs}}
-    upstream: local
-    options: {{graphstorm: {{graph_schema: "builtin:movielens"}}}}
-  - {{match: {{model: "*"}}, upstream: local}}
-"""
+""" + BUILTIN_BACKEND
 
 _MTLS = "ca: ca.pem, cert: client.pem, key: client.key"
 _TOKEN = "auth: {token: {file: upstream-token}}"
