@@ -1,17 +1,25 @@
 """The admin listener (loopback by default): liveness, readiness, metrics,
-effective config and route table."""
+effective config and route table.
+
+Every method other than GET/HEAD (write endpoints such as a reload) needs
+``admin.token`` as a bearer token when one is configured, and is refused
+outright when the admin address is not loopback and no token is set.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import ipaddress
 import logging
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from gateway.config import Address
+from gateway.auth import Authenticator, CredentialConfig
+from gateway.config import Address, AdminConfig
 from gateway.configview import effective_config
+from gateway.errors import GatewayError
 from gateway.types import RequestContext
 
 if TYPE_CHECKING:
@@ -19,6 +27,45 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 GATEWAY = web.AppKey("gateway", object)
+# The admin token's checker, when admin.token is set (re-read on reload).
+ADMIN_AUTH = web.AppKey("admin_auth", Authenticator)
+READ_METHODS = frozenset({"GET", "HEAD"})
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def is_exposed(admin: AdminConfig) -> bool:
+    """Whether the admin listener is reachable from other hosts."""
+    return admin.address is not None and not is_loopback(admin.address.host)
+
+
+def write_guard(admin: AdminConfig, authenticator: Authenticator | None
+                ) -> Callable[..., Awaitable[web.StreamResponse]]:
+    exposed = is_exposed(admin)
+
+    @web.middleware
+    async def guard(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                    ) -> web.StreamResponse:
+        if request.method not in READ_METHODS:
+            if authenticator is not None:
+                try:
+                    authenticator.check(request.headers)
+                except GatewayError as error:
+                    return web.json_response({"error": error.message}, status=401,
+                                             headers={"WWW-Authenticate": authenticator.challenge})
+            elif exposed:
+                return web.json_response({"error": "admin write endpoints need admin.token when the admin "
+                                                   "address is not loopback"}, status=403)
+        return await handler(request)
+
+    return guard
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -87,8 +134,12 @@ async def reload_status(request: web.Request) -> web.Response:
 
 
 def build_admin_app(gateway: Gateway) -> web.Application:
-    app = web.Application()
+    admin = gateway.config.admin
+    authenticator = Authenticator(CredentialConfig(admin.token)) if admin.token is not None else None
+    app = web.Application(middlewares=[write_guard(admin, authenticator)])
     app[GATEWAY] = gateway
+    if authenticator is not None:
+        app[ADMIN_AUTH] = authenticator
     app.router.add_get("/", index)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
@@ -110,4 +161,8 @@ async def start_admin(gateway: Gateway, address: Address) -> tuple[web.AppRunner
     sockets = getattr(site._server, "sockets", None) or []
     port = sockets[0].getsockname()[1] if sockets else address.port
     log.info("admin on %s:%d", address.host, port)
+    if not is_loopback(address.host):
+        log.warning("the admin listener on %s is reachable from other hosts: /config and /metrics are "
+                    "unauthenticated; write endpoints %s", address,
+                    "need admin.token" if gateway.config.admin.token else "are refused (no admin.token)")
     return runner, port

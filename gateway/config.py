@@ -15,7 +15,9 @@ from typing import Any
 
 import yaml
 
+from gateway.auth import CredentialConfig, SecretRef, parse_credential_config, parse_secret_ref
 from gateway.confignode import ConfigError, Node, expand_env
+from gateway.tls import CLIENT_AUTH_MODES, ListenerTls, UpstreamTls, parse_listener_tls, parse_upstream_tls
 
 DEFAULT_MAX_REQUEST_BYTES = 64 << 20
 DEFAULT_CONFIG_RESOURCE = "default_config.yaml"
@@ -66,6 +68,8 @@ class ListenerConfig:
     protocol: str
     address: Address
     options: Any = None  # the frontend's own parsed options
+    tls: ListenerTls | None = None  # HTTPS / gRPC TLS (docs/security.md)
+    auth: CredentialConfig | None = None  # tokens clients must present
 
 
 LOAD_BALANCING_POLICIES = ("round_robin", "least_request", "consistent_hash")
@@ -130,6 +134,8 @@ class UpstreamConfig:
     circuit_breaker: CircuitBreaker = CircuitBreaker()
     connection_pool: ConnectionPool = ConnectionPool()
     retry_budget: RetryBudget = RetryBudget()
+    tls: UpstreamTls | None = None  # TLS / mTLS toward the endpoints
+    auth: CredentialConfig | None = None  # a credential header sent on every call
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,12 +204,17 @@ class RouteConfig:
     mirror: tuple[Mirror, ...] = ()
     forward_headers: tuple[str, ...] = ()  # names or globs, lower case
     name: str = ""  # for logs and metrics; empty: "route-<index>"
+    # Pass the client's own Authorization header upstream (off: never sent).
+    forward_authorization: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class AdminConfig:
     address: Address | None = Address("127.0.0.1", 8002)
     allow_remote_reload: bool = False  # POST /reload from non-loopback clients
+    # Bearer token for every non-GET admin endpoint; without one such
+    # endpoints answer only on a loopback address (docs/security.md).
+    token: SecretRef | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -352,6 +363,16 @@ def _protocol_options(node: Node, protocol: str | None, side: str) -> Any:
         node.error(f"unknown {side} protocol {protocol!r}; known: {known}", "protocol")
         return None
     return component.parse_options(node)
+
+
+def _client_auth_modes(protocol: str | None) -> tuple[str, ...]:
+    """The TLS client_auth modes a frontend's server library offers."""
+    from gateway.protocols import registry
+
+    try:
+        return registry.load(protocol or "", "frontend").TLS_CLIENT_AUTH_MODES  # type: ignore[no-any-return]
+    except KeyError:
+        return CLIENT_AUTH_MODES
 
 
 def _route_options(node: Node, base_dir: Path) -> dict[str, Any]:
@@ -536,7 +557,7 @@ def _endpoints(item: Node, protocol: str | None) -> tuple[Address, ...]:
     return endpoints
 
 
-def _upstream(item: Node) -> UpstreamConfig | None:
+def _upstream(item: Node, base_dir: Path) -> UpstreamConfig | None:
     name, protocol = item.string("name"), item.string("protocol")
     endpoints = _endpoints(item, protocol)
     timeout = _positive_duration(item, "timeout", None)
@@ -549,6 +570,8 @@ def _upstream(item: Node) -> UpstreamConfig | None:
         circuit_breaker=_circuit_breaker(item.child("circuit_breaker", None)),
         connection_pool=_connection_pool(item.child("connection_pool", None)),
         retry_budget=_retry_budget(item.child("retry_budget", None)),
+        tls=parse_upstream_tls(item.child("tls", None), base_dir),
+        auth=parse_credential_config(item.child("auth", None), base_dir),
     )
     item.check_no_unknown_keys()
     return upstream if name and protocol else None
@@ -658,11 +681,13 @@ def _route(item: Node, listener_names: set[str], upstream_names: set[str], base_
     retry = _retry(item.child("retry", None))
     mirror = _mirrors(item.child("mirror", None), upstream_names)
     forward_headers = _header_names(item.child("forward_headers", None))
+    forward_authorization = item.flag("forward_authorization", False)
     item.check_no_unknown_keys()
     if upstream is None or not (upstream or split):
         return None
     return RouteConfig(match, upstream, rewrite, timeout, options, split,
-                       sticky_header.lower() if sticky_header else None, retry, mirror, forward_headers, name)
+                       sticky_header.lower() if sticky_header else None, retry, mirror, forward_headers, name,
+                       forward_authorization)
 
 
 # --- gateway-wide sections ---------------------------------------------------
@@ -715,8 +740,9 @@ def parse_config(data: Any, source: str = "<string>", base_dir: Path | None = No
 
     admin_node = root.child("admin", {})
     admin_address = admin_node.child("address", "127.0.0.1:8002")
+    admin_token = parse_secret_ref(admin_node.child("token"), base_dir) if admin_node.has("token") else None
     admin = AdminConfig(parse_address(admin_address) if admin_address.value is not None else None,
-                        admin_node.flag("allow_remote_reload", False))
+                        admin_node.flag("allow_remote_reload", False), admin_token)
     admin_node.check_no_unknown_keys()
 
     listeners: list[ListenerConfig] = []
@@ -725,15 +751,17 @@ def parse_config(data: Any, source: str = "<string>", base_dir: Path | None = No
         name, protocol = item.string("name"), item.string("protocol")
         address = parse_address(item.child("address"))
         options = _protocol_options(item, protocol, "frontend")
+        tls = parse_listener_tls(item.child("tls", None), base_dir, _client_auth_modes(protocol))
+        auth = parse_credential_config(item.child("auth", None), base_dir)
         item.check_no_unknown_keys()
         if name and protocol and address:
-            listeners.append(ListenerConfig(name, protocol, address, options))
+            listeners.append(ListenerConfig(name, protocol, address, options, tls, auth))
     _unique(listeners_node, _names_of(listeners_node), "listener")
 
     upstreams: list[UpstreamConfig] = []
     upstreams_node = root.child("upstreams")
     for item in upstreams_node.items():
-        upstream = _upstream(item)
+        upstream = _upstream(item, base_dir)
         if upstream is not None:
             upstreams.append(upstream)
     _unique(upstreams_node, _names_of(upstreams_node), "upstream")

@@ -13,6 +13,8 @@ from typing import Any
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
 
+from gateway.auth import Authenticator
+from gateway.config import ListenerConfig
 from gateway.errors import ErrorKind, GatewayError, too_large, unsupported
 from gateway.observe import (
     OUTCOME_CANCELLED,
@@ -26,6 +28,7 @@ from gateway.observe import (
     finish_request,
 )
 from gateway.protocols.base import Frontend
+from gateway.tls import ServerTls
 from gateway.types import RequestContext
 
 log = logging.getLogger(__name__)
@@ -229,14 +232,46 @@ def access_logger_class(services: Any) -> type[AbstractAccessLogger]:
     return type("GatewayAccessLogger", (RecordingAccessLogger,), {"services": services})
 
 
+def auth_middleware(authenticator: Authenticator, public_paths: frozenset[str],
+                    respond: Callable[[GatewayError, int | None], web.StreamResponse]
+                    ) -> Callable[..., Awaitable[web.StreamResponse]]:
+    """Refuse requests without an accepted token, in the protocol's own
+    error form (``respond``), except on ``public_paths`` (health probes)."""
+
+    @web.middleware
+    async def authenticate(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                           ) -> web.StreamResponse:
+        if request.path not in public_paths:
+            try:
+                authenticator.check(request.headers)
+            except GatewayError as error:
+                note_error(request, error)
+                response = respond(error, 401)
+                if authenticator.challenge:
+                    response.headers["WWW-Authenticate"] = authenticator.challenge
+                return response
+        return await handler(request)
+
+    return authenticate
+
+
 class HttpFrontend(Frontend):
     """A frontend served by one aiohttp application on the listener address."""
 
     _runner: web.AppRunner | None = None
     _port = 0
+    _tls: ServerTls | None = None
+    _authenticator: Authenticator | None = None
+    # Paths answered without credentials when the listener has `auth`
+    # (health and readiness, for Kubernetes probes).
+    PUBLIC_PATHS: frozenset[str] = frozenset()
 
     def build_app(self) -> web.Application:
         raise NotImplementedError  # each HTTP frontend defines its routes
+
+    def error_response(self, error: GatewayError, status: int | None) -> web.StreamResponse:
+        """The protocol's error form (used for refused credentials)."""
+        raise NotImplementedError
 
     @property
     def bound_port(self) -> int:
@@ -249,8 +284,11 @@ class HttpFrontend(Frontend):
     def new_app(self, middlewares: list[Callable[..., Awaitable[Any]]]) -> web.Application:
         # aiohttp's own 1 MiB default is far too small for tensors; the body
         # limit is applied deliberately, one byte over so our check answers.
-        return web.Application(client_max_size=self.max_body + 1,
-                               middlewares=[observing_middleware(self), self._close_when_draining, *middlewares])
+        first: list[Callable[..., Awaitable[Any]]] = [observing_middleware(self), self._close_when_draining]
+        if self.listener.auth is not None:  # tokens are read here, when the listener starts
+            self._authenticator = Authenticator(self.listener.auth)
+            first.append(auth_middleware(self._authenticator, self.PUBLIC_PATHS, self.error_response))
+        return web.Application(client_max_size=self.max_body + 1, middlewares=[*first, *middlewares])
 
     @web.middleware
     async def _close_when_draining(self, request: web.Request, handler: Any) -> web.StreamResponse:
@@ -269,8 +307,10 @@ class HttpFrontend(Frontend):
         await self._runner.setup()
         address = self.listener.address
         # SO_REUSEPORT only under `gateway serve --workers N` (services.reuse_port).
+        self._tls = ServerTls(self.listener.tls) if self.listener.tls is not None else None
         site = web.TCPSite(self._runner, address.host, address.port, reuse_address=True,
-                           reuse_port=self.services.reuse_port or None)
+                           reuse_port=self.services.reuse_port or None,
+                           ssl_context=self._tls.ssl_context if self._tls is not None else None)
         await site.start()
         server = site._server  # aiohttp exposes bound sockets only here
         sockets = getattr(server, "sockets", None) or []
@@ -278,7 +318,14 @@ class HttpFrontend(Frontend):
             if sock.family in (socket.AF_INET, socket.AF_INET6):
                 self._port = sock.getsockname()[1]
                 break
-        log.info("listener %s (%s) on %s:%d", self.listener.name, self.listener.protocol, address.host, self._port)
+        log.info("listener %s (%s) on %s:%d%s", self.listener.name, self.listener.protocol, address.host,
+                 self._port, " (TLS)" if self._tls is not None else "")
+
+    def reload_security(self, listener: ListenerConfig) -> None:
+        if self._tls is not None and listener.tls is not None:
+            self._tls.reload(listener.tls)
+        if self._authenticator is not None and listener.auth is not None:
+            self._authenticator.reload(listener.auth)
 
     async def stop(self, grace: float) -> None:
         if self._runner is not None:

@@ -32,6 +32,7 @@ from gateway.errors import (
     model_not_found,
 )
 from gateway.metrics import metrics_hook, metrics_of
+from gateway.modelnames import check_model
 from gateway.protocols.base import UpstreamClient
 from gateway.retry import PER_TRY_TIMEOUT, TIMEOUT, backoff_delay, failure_reason
 from gateway.routing import Route, RouteTable
@@ -169,10 +170,12 @@ class DataPlane:
 
     @staticmethod
     def _resolve(generation: Generation, model: str, version: str, ctx: RequestContext) -> Route:
+        check_model(model, version)  # every frontend's names pass here (docs/security.md)
         route = generation.routes.resolve(model, version, ctx.listener, ctx.protocol, ctx.headers)
         if route is None:
             raise model_not_found(model, version)
         ctx.route = route.name
+        ctx.forward_authorization = route.config.forward_authorization
         ctx.forward_headers = route.forward_headers(ctx.headers, ctx.request_id)
         ctx.record.model, ctx.record.version, ctx.record.route = model, version, route.name
         return route

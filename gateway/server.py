@@ -7,6 +7,7 @@ import dataclasses
 import logging
 import os
 import signal
+import ssl
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,7 +17,8 @@ from prometheus_client import CollectorRegistry
 
 from gateway import __version__
 from gateway.accesslog import AccessLog
-from gateway.admin import start_admin
+from gateway.admin import ADMIN_AUTH, start_admin
+from gateway.auth import CredentialConfig
 from gateway.config import GatewayConfig, ServerIdentity, load_config
 from gateway.confignode import ConfigError
 from gateway.counters import Counters
@@ -118,6 +120,28 @@ class Gateway:
             self._admin, self.admin_port = await start_admin(self, self.config.admin.address)
         self._start_watcher()
 
+    def reload_security(self, config: GatewayConfig) -> None:
+        """Re-read certificate and token files of running listeners and of
+        the admin token, from ``config`` (the same listeners by name), e.g.
+        after cert-manager rotated the files in place. Upstream clients read
+        theirs when started, so a reload that rebuilds them needs nothing
+        more. Every listener is tried; the first failure is raised after
+        (OSError or ssl.SSLError), and a listener that failed keeps its old
+        material."""
+        by_name = {listener.name: listener for listener in config.listeners}
+        failures: list[Exception] = []
+        for name, frontend in self.frontends.items():
+            try:
+                if name in by_name:
+                    frontend.reload_security(by_name[name])
+            except (OSError, ssl.SSLError) as exc:
+                log.error("listener %s: cannot reload certificates or tokens: %s", name, exc)
+                failures.append(exc)
+        if self._admin is not None and config.admin.token is not None and ADMIN_AUTH in self._admin.app:
+            self._admin.app[ADMIN_AUTH].reload(CredentialConfig(config.admin.token))
+        if failures:
+            raise failures[0]
+
     async def stop(self, grace: float = 5.0) -> None:
         """Close listeners; in-flight requests get ``grace`` seconds to finish."""
         self.dataplane.draining = True
@@ -170,6 +194,10 @@ class Gateway:
                 log.exception("reload of %s failed", source)
                 return self._reload_failed(source, [f"<reload>: {type(exc).__name__}: {exc}"])
             self.config, self.services = config, services
+            try:  # certificates and tokens rotated in place (same paths)
+                self.reload_security(config)
+            except (OSError, ssl.SSLError):
+                pass  # logged per listener; each keeps its old material
             for upstream in config.upstreams:
                 services.metrics.declare_upstream(upstream.name, [str(e) for e in upstream.endpoints])
             self.counters.reload_succeeded()

@@ -208,6 +208,9 @@ class RequestContext:
     route: str = ""  # name of the route that matched (set by the data plane)
     # One entry per upstream try, retries and their endpoints included.
     attempts: list[UpstreamAttempt] = field(default_factory=list)
+    # Set by the data plane from the route: send the client's Authorization
+    # header upstream (UpstreamClient.request_headers); never by default.
+    forward_authorization: bool = False
 
     def remaining(self) -> float | None:
         if self.deadline is None:

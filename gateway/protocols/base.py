@@ -12,8 +12,10 @@ import abc
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gateway.auth import AUTHORIZATION, credential_headers
 from gateway.confignode import Node
 from gateway.errors import unsupported
+from gateway.tls import CLIENT_AUTH_MODES
 from gateway.types import InferRequest, InferResponse, ModelMetadata, RequestContext
 
 if TYPE_CHECKING:
@@ -24,6 +26,9 @@ if TYPE_CHECKING:
 
 class Frontend(abc.ABC):
     """A listener speaking one downstream protocol."""
+
+    # The listener `tls.client_auth` modes its server library can offer.
+    TLS_CLIENT_AUTH_MODES: tuple[str, ...] = CLIENT_AUTH_MODES
 
     def __init__(self, listener: ListenerConfig, dataplane: DataPlane, services: GatewayServices) -> None:
         self.listener = listener
@@ -53,6 +58,11 @@ class Frontend(abc.ABC):
     async def stop(self, grace: float) -> None:
         """Stop accepting, let in-flight requests finish within ``grace`` s."""
 
+    def reload_security(self, listener: ListenerConfig) -> None:  # noqa: B027 - optional hook
+        """Re-read this listener's certificate and token files (for a
+        reload that keeps the listener running); raises OSError/ssl.SSLError
+        and keeps the old material when they cannot be read."""
+
 
 class UpstreamClient(abc.ABC):
     """Speaks an upstream's protocol to one endpoint (or in-process)."""
@@ -65,6 +75,18 @@ class UpstreamClient(abc.ABC):
         self.upstream = upstream
         self.endpoint = endpoint
         self.services = services
+        # The upstream's own credential header (`auth:`), read when built.
+        self.credentials = credential_headers(upstream.auth)
+
+    def request_headers(self, ctx: RequestContext | None) -> dict[str, str]:
+        """Headers (or gRPC metadata) for one call: request id and trace
+        context, the client's Authorization when its route forwards it, and
+        this upstream's own credential, which wins over a forwarded one."""
+        headers = ctx.upstream_headers() if ctx is not None else {}
+        if ctx is not None and ctx.forward_authorization and AUTHORIZATION in ctx.headers:
+            headers[AUTHORIZATION] = ctx.headers[AUTHORIZATION]
+        headers.update(self.credentials)
+        return headers
 
     @classmethod
     def parse_options(cls, node: Node) -> Any:

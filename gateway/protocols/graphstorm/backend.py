@@ -27,6 +27,7 @@ from gateway.protocols.graphstorm.graph import (
     TASK_PARAMETER,
     GraphTensors,
 )
+from gateway.tls import HttpClientTls, http_client_tls
 from gateway.types import InferRequest, InferResponse, ModelMetadata, RawPayload, RequestContext
 
 PROTOCOL = "graphstorm"
@@ -41,6 +42,7 @@ class BackendOptions:
 
 class GraphStormClient(UpstreamClient):
     _session: aiohttp.ClientSession | None = None
+    _tls = HttpClientTls()
 
     @classmethod
     def parse_options(cls, node: Node) -> BackendOptions:
@@ -56,11 +58,13 @@ class GraphStormClient(UpstreamClient):
         return options if isinstance(options, BackendOptions) else BackendOptions()
 
     def _url(self, path: str) -> str:
-        return f"http://{self.endpoint}{path}"
+        return self._tls.url(self.endpoint, path)
 
     async def start(self) -> None:
         # Deadlines come from the data plane (route/upstream timeout).
-        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None))
+        self._tls = http_client_tls(self.upstream.tls)  # certificates are read now (docs/security.md)
+        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None),
+                                              connector=aiohttp.TCPConnector(ssl=self._tls.ssl))
 
     async def close(self) -> None:
         if self._session is not None:
@@ -78,7 +82,7 @@ class GraphStormClient(UpstreamClient):
             if task not in NODE_TASKS + EDGE_TASKS:
                 raise invalid(f"parameter '{TASK_PARAMETER}' must be one of {', '.join(NODE_TASKS + EDGE_TASKS)}")
             body = codec.encode_request(graph, task)
-        headers = {"Content-Type": codec.JSON_TYPE, "Accept": codec.JSON_TYPE, **ctx.upstream_headers()}
+        headers = {"Content-Type": codec.JSON_TYPE, "Accept": codec.JSON_TYPE, **self.request_headers(ctx)}
         if codec.TARGET_MODEL_HEADER.lower() in ctx.headers:
             headers[codec.TARGET_MODEL_HEADER] = request.model_name
         answer = await self._exchange("POST", self.options.invocations_path, body, headers)
@@ -93,11 +97,15 @@ class GraphStormClient(UpstreamClient):
 
     async def _exchange(self, method: str, path: str, body: bytes | None = None,
                         headers: dict[str, str] | None = None) -> bytes:
+        headers = headers if headers is not None else self.request_headers(None)
         if self._session is None:
             raise GatewayError(ErrorKind.UPSTREAM_UNAVAILABLE, f"upstream {self.label} is not started")
         limit = self.services.config.limits.max_request_bytes
         try:
-            async with self._session.request(method, self._url(path), data=body, headers=headers) as reply:
+            # Redirects are answers, never followed: addresses come only from config.
+            async with self._session.request(method, self._url(path), data=body, headers=headers,
+                                             server_hostname=self._tls.server_hostname,
+                                             allow_redirects=False) as reply:
                 if reply.content_length is not None and reply.content_length > limit:
                     raise _too_large(self.label, limit)
                 answer = await reply.content.read(limit + 1)

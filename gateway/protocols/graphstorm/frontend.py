@@ -19,7 +19,7 @@ import orjson
 from aiohttp import web
 
 from gateway.confignode import Node
-from gateway.errors import GatewayError
+from gateway.errors import ErrorKind, GatewayError
 from gateway.httpserver import REQUEST_ID_HEADER, HttpFrontend, read_body, request_context
 from gateway.protocols.graphstorm import codec, status
 from gateway.protocols.graphstorm.graph import (
@@ -116,6 +116,13 @@ class GraphStormFrontend(HttpFrontend):
         node.check_no_unknown_keys()
         return RouteOptions(schema, edge_tasks)
 
+    PUBLIC_PATHS = frozenset({"/ping"})
+
+    def error_response(self, error: GatewayError, status_code: int | None) -> web.Response:
+        """GraphStorm's envelope; refused credentials also answer HTTP 401 so
+        callers that read only the HTTP status see the refusal."""
+        return json_response(codec.encode_error(error, ""), status_code or 200)
+
     @property
     def options(self) -> ListenerOptions:
         options = self.listener.options
@@ -161,6 +168,8 @@ class GraphStormFrontend(HttpFrontend):
         try:
             route = self.dataplane.resolve(model, "", ctx)
         except GatewayError as exc:
+            if exc.kind is ErrorKind.INVALID_INPUT:  # a target-model header that is no valid model name
+                raise GraphStormError(status.JSON_FORMAT, exc.kind, exc.message) from None
             raise status.internal(exc.message) from None
         options = route_options(route.config.options)
         with gc_paused():

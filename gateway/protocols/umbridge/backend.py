@@ -23,6 +23,7 @@ from gateway.protocols.umbridge import codec
 from gateway.protocols.umbridge.cache import TtlCache
 from gateway.protocols.umbridge.mapping import umbridge_metadata
 from gateway.protocols.umbridge.options import UpstreamOptions, parse_upstream_options
+from gateway.tls import HttpClientTls, http_client_tls
 from gateway.types import (
     DERIVATIVE_OPERATION,
     METADATA_OPERATION,
@@ -50,7 +51,8 @@ class UmbridgeClient(UpstreamClient):
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         self.options: UpstreamOptions = self.upstream.options or UpstreamOptions()
-        self.base_url = f"http://{self.endpoint}"
+        self._tls = HttpClientTls()
+        self.base_url = self._tls.url(self.endpoint)
         self._session: aiohttp.ClientSession | None = None
         self._info: TtlCache[list[str]] = TtlCache(self.options.metadata_ttl)
         self._described: TtlCache[ModelMetadata] = TtlCache(self.options.metadata_ttl)
@@ -58,7 +60,9 @@ class UmbridgeClient(UpstreamClient):
     async def start(self) -> None:
         # force_close: a fresh connection per call unless keepalive is on
         # (the C++ reference server stalls ~40 ms on reused connections).
-        connector = aiohttp.TCPConnector(force_close=not self.options.keepalive, limit=0)
+        self._tls = http_client_tls(self.upstream.tls)  # certificates are read now (docs/security.md)
+        self.base_url = self._tls.url(self.endpoint)
+        connector = aiohttp.TCPConnector(force_close=not self.options.keepalive, limit=0, ssl=self._tls.ssl)
         self._session = aiohttp.ClientSession(connector=connector, auto_decompress=True,
                                               skip_auto_headers=("User-Agent",))
 
@@ -82,14 +86,19 @@ class UmbridgeClient(UpstreamClient):
                                    f"upstream {self.label} answered more than {limit} bytes")
         return bytes(data)
 
-    async def _exchange(self, method: str, path: str, body: bytes | None) -> tuple[int, bytes]:
+    async def _exchange(self, method: str, path: str, body: bytes | None,
+                        ctx: RequestContext | None = None) -> tuple[int, bytes]:
         if self._session is None:
             await self.start()
         assert self._session is not None
-        headers = {"Content-Type": codec.JSON_TYPE} if body is not None else None
+        headers = {"Content-Type": codec.JSON_TYPE} if body is not None else {}
+        headers.update(self.request_headers(ctx))
         for attempt in range(2):
             try:
-                async with self._session.request(method, self.base_url + path, data=body, headers=headers) as resp:
+                # Redirects are answers, never followed: addresses come only from config.
+                async with self._session.request(method, self.base_url + path, data=body, headers=headers,
+                                                 server_hostname=self._tls.server_hostname,
+                                                 allow_redirects=False) as resp:
                     return resp.status, await self._read(resp)
             except aiohttp.ServerDisconnectedError:
                 # A kept-alive connection the server had just closed: try once more on a new one.
@@ -101,8 +110,9 @@ class UmbridgeClient(UpstreamClient):
                                    f"upstream {self.label} is unreachable: {type(exc).__name__}") from None
         raise AssertionError("unreachable")
 
-    async def _call(self, method: str, path: str, body: bytes | None = None) -> dict[str, Any]:
-        status, raw = await self._exchange(method, path, body)
+    async def _call(self, method: str, path: str, body: bytes | None = None,
+                    ctx: RequestContext | None = None) -> dict[str, Any]:
+        status, raw = await self._exchange(method, path, body, ctx)
         try:
             obj = codec.decode_answer(raw, self.label)
         except GatewayError:
@@ -184,7 +194,7 @@ class UmbridgeClient(UpstreamClient):
         config = codec.config_from_text(request.parameters.get(codec.CONFIG_PARAMETER))
         body = codec.encode_request(request.model_name, config, self._vectors(request),
                                     policy=self.options.nonfinite)
-        outputs = codec.decode_outputs(await self._call("POST", "/Evaluate", body), self.label)
+        outputs = codec.decode_outputs(await self._call("POST", "/Evaluate", body, ctx), self.label)
         tensors = [Tensor.from_numpy(f"output_{i}", out, "FP64") for i, out in enumerate(outputs)]
         return InferResponse(request.model_name, "", request.id, tensors)
 
@@ -200,6 +210,6 @@ class UmbridgeClient(UpstreamClient):
             derivative = request.arguments
             body = codec.encode_request(inner.model_name, config, self._vectors(inner), derivative,
                                         self.options.nonfinite)
-            answer = await self._call("POST", f"/{derivative.kind}", body)
+            answer = await self._call("POST", f"/{derivative.kind}", body, ctx)
             return codec.decode_vector_output(answer, self.label)
         raise unsupported(f"upstream '{self.upstream.name}' does not support {operation}")

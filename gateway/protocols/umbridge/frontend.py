@@ -73,6 +73,9 @@ class UmbridgeFrontend(HttpFrontend):
     def parse_route_options(cls, node: Node, base_dir: Path) -> RouteOptions:
         return parse_route_options(node)
 
+    def error_response(self, error: GatewayError, status: int | None) -> web.Response:
+        return error_response(error, status)
+
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         self.options: ListenerOptions = self.listener.options or ListenerOptions()

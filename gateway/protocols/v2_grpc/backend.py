@@ -19,6 +19,7 @@ from gateway.protocols.base import UpstreamClient
 from gateway.protocols.upstream import parse_response_limit, reading_reply, response_limit
 from gateway.protocols.v2_grpc import codec
 from gateway.protocols.v2_grpc import messages as pb
+from gateway.tls import grpc_channel_credentials, grpc_channel_options
 from gateway.types import InferRequest, InferResponse, ModelMetadata, RequestContext
 
 # Reconnect soon after an upstream comes back (grpc's default backoff grows to 120 s).
@@ -44,11 +45,17 @@ class V2GrpcClient(UpstreamClient):
         self._calls: dict[str, Any] = {}
 
     async def start(self) -> None:
-        self._channel = grpc.aio.insecure_channel(str(self.endpoint), options=[
+        options = [
             ("grpc.max_receive_message_length", min(self.max_response, pb.GRPC_MAX_MESSAGE)),
             ("grpc.max_send_message_length", -1),  # requests were bounded when they arrived
             ("grpc.max_reconnect_backoff_ms", _MAX_RECONNECT_BACKOFF_MS),
-        ])
+        ]
+        tls = self.upstream.tls
+        if tls is None:
+            self._channel = grpc.aio.insecure_channel(str(self.endpoint), options=options)
+        else:  # certificates are read now (docs/security.md)
+            self._channel = grpc.aio.secure_channel(str(self.endpoint), grpc_channel_credentials(tls),
+                                                    options=options + grpc_channel_options(tls))
         self._calls = {name: self._channel.unary_unary(pb.method_path(name),
                                                        request_serializer=pb.serializer(request_class))
                        for name, (request_class, _) in pb.METHODS.items()}
@@ -65,7 +72,7 @@ class V2GrpcClient(UpstreamClient):
         call = self._calls.get(name)
         if call is None:
             raise GatewayError(ErrorKind.INTERNAL, f"upstream {self.label} is not started")
-        metadata = tuple(ctx.upstream_headers().items()) or None
+        metadata = tuple(self.request_headers(ctx).items()) or None
         try:
             data = await call(request, timeout=timeout, metadata=metadata)
         except grpc.aio.AioRpcError as exc:

@@ -20,6 +20,8 @@ from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from gateway.auth import Authenticator
+from gateway.config import ListenerConfig
 from gateway.confignode import Node
 from gateway.errors import ErrorKind, GatewayError, malformed
 from gateway.observe import (
@@ -34,6 +36,7 @@ from gateway.observe import (
 from gateway.protocols.base import Frontend
 from gateway.protocols.v2_grpc import codec
 from gateway.protocols.v2_grpc import messages as pb
+from gateway.tls import ServerTls
 from gateway.types import RequestContext
 
 log = logging.getLogger(__name__)
@@ -43,6 +46,10 @@ PROTOCOL = "v2-grpc"
 PARSED_BY_HANDLER = frozenset({"ModelInfer"})
 REQUEST_ID_KEY = "x-request-id"
 HEALTH_SERVICE = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
+# Answered without credentials when the listener has `auth`: liveness and
+# readiness, as the REST listener's health paths (grpc.health.v1 is never
+# checked; reflection and every other method are).
+PUBLIC_METHODS = frozenset({"ServerLive", "ServerReady"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,14 +70,42 @@ def server_options(max_message_bytes: int, reuse_port: bool = False) -> list[tup
 
 
 def _metadata_dict(context: grpc.aio.ServicerContext) -> dict[str, str]:
-    pairs = context.invocation_metadata() or ()
-    return {key.lower(): value for key, value in pairs if isinstance(value, str)}
+    return _metadata_of(context.invocation_metadata())
+
+
+def _metadata_of(pairs: Any) -> dict[str, str]:
+    return {key.lower(): value for key, value in pairs or () if isinstance(value, str)}
+
+
+class ReflectionAuth(grpc.aio.ServerInterceptor):
+    """Checks credentials on reflection calls, which bypass our handlers
+    (the inference methods check them in ``handle``, where they are logged)."""
+
+    def __init__(self, authenticator: Authenticator) -> None:
+        self.authenticator = authenticator
+
+    async def intercept_service(self, continuation: Callable[[Any], Awaitable[Any]], details: Any) -> Any:
+        if details.method.startswith(f"/{reflection.SERVICE_NAME}/"):
+            try:
+                self.authenticator.check(_metadata_of(details.invocation_metadata))
+            except GatewayError as error:
+                code, message = codec.encode_error(error)
+
+                async def refuse(requests: Any, context: grpc.aio.ServicerContext) -> None:
+                    await context.abort(code, message)
+
+                return grpc.stream_stream_rpc_method_handler(refuse)
+        return await continuation(details)
 
 
 class V2GrpcFrontend(Frontend):
+    # grpcio requires a client certificate or asks for none; never "optional".
+    TLS_CLIENT_AUTH_MODES = ("none", "require")
     _server: grpc.aio.Server | None = None
     _health: Any = None
     _port = 0
+    _tls: ServerTls | None = None
+    _authenticator: Authenticator | None = None
 
     @classmethod
     def parse_options(cls, node: Node) -> GrpcListenerOptions:
@@ -86,7 +121,11 @@ class V2GrpcFrontend(Frontend):
 
     async def start(self) -> None:
         limit = self.services.config.limits.max_request_bytes
-        server = grpc.aio.server(options=server_options(limit, self.services.reuse_port))
+        # Tokens and certificates are read now, when the listener starts.
+        if self.listener.auth is not None:
+            self._authenticator = Authenticator(self.listener.auth)
+        interceptors = [ReflectionAuth(self._authenticator)] if self._authenticator is not None else []
+        server = grpc.aio.server(options=server_options(limit, self.services.reuse_port), interceptors=interceptors)
         handlers = {
             name: grpc.unary_unary_rpc_method_handler(
                 self._handler(name, request_class), response_serializer=pb.serializer(response_class))
@@ -97,15 +136,26 @@ class V2GrpcFrontend(Frontend):
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection((pb.SERVICE, HEALTH_SERVICE, reflection.SERVICE_NAME), server, pb.POOL)
         address = self.listener.address
+        self._tls = ServerTls(self.listener.tls) if self.listener.tls is not None else None
         try:
-            self._port = server.add_insecure_port(str(address))
+            if self._tls is not None:
+                self._port = server.add_secure_port(str(address), self._tls.grpc_credentials())
+            else:
+                self._port = server.add_insecure_port(str(address))
         except RuntimeError as exc:
             raise OSError(f"listener {self.listener.name}: cannot bind {address}: {exc}") from None
         await server.start()
         self._server = server
         for service in ("", pb.SERVICE):
             await self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
-        log.info("listener %s (%s) on %s:%d", self.listener.name, PROTOCOL, address.host, self._port)
+        log.info("listener %s (%s) on %s:%d%s", self.listener.name, PROTOCOL, address.host, self._port,
+                 " (TLS)" if self._tls is not None else "")
+
+    def reload_security(self, listener: ListenerConfig) -> None:
+        if self._tls is not None and listener.tls is not None:
+            self._tls.reload(listener.tls)
+        if self._authenticator is not None and listener.auth is not None:
+            self._authenticator.reload(listener.auth)
 
     async def stop(self, grace: float) -> None:
         if self._server is None:
@@ -133,6 +183,8 @@ class V2GrpcFrontend(Frontend):
             in_flight.inc()
             failure: GatewayError
             try:
+                if self._authenticator is not None and name not in PUBLIC_METHODS:
+                    self._authenticator.check(ctx.headers)
                 if name in PARSED_BY_HANDLER:
                     message: Any = data
                 else:

@@ -22,6 +22,7 @@ from gateway.errors import ErrorKind, GatewayError
 from gateway.protocols.base import UpstreamClient
 from gateway.protocols.upstream import parse_response_limit, reading_reply, response_limit, too_large_reply
 from gateway.protocols.v2_rest import codec
+from gateway.tls import HttpClientTls, http_client_tls
 from gateway.types import InferRequest, InferResponse, ModelMetadata, RequestContext
 
 log = logging.getLogger(__name__)
@@ -50,6 +51,7 @@ class Reply:
 
 class V2RestClient(UpstreamClient):
     _session: aiohttp.ClientSession | None = None
+    _tls = HttpClientTls()
 
     @classmethod
     def parse_options(cls, node: Node) -> RestUpstreamOptions:
@@ -68,9 +70,11 @@ class V2RestClient(UpstreamClient):
         self._asked_metadata = False
 
     async def start(self) -> None:
-        connector = aiohttp.TCPConnector(limit=self.options.max_connections, keepalive_timeout=_IDLE_KEEPALIVE_S)
+        self._tls = http_client_tls(self.upstream.tls)  # certificates are read now (docs/security.md)
+        connector = aiohttp.TCPConnector(limit=self.options.max_connections, keepalive_timeout=_IDLE_KEEPALIVE_S,
+                                         ssl=self._tls.ssl)
         # No total timeout here: the data plane bounds every call by the route's deadline.
-        self._session = aiohttp.ClientSession(f"http://{self.endpoint}", connector=connector,
+        self._session = aiohttp.ClientSession(self._tls.url(self.endpoint), connector=connector,
                                               timeout=aiohttp.ClientTimeout(total=None, sock_connect=10))
 
     async def close(self) -> None:
@@ -86,11 +90,12 @@ class V2RestClient(UpstreamClient):
             raise GatewayError(ErrorKind.INTERNAL, f"upstream {self.label} is not started")
         # Tensors barely compress and the upstream is usually near: ask for
         # none (MLServer would gzip every reply aiohttp's default accepts).
-        headers = {"Accept-Encoding": "identity", **(headers or {})}
-        if ctx is not None:
-            headers.update(ctx.upstream_headers())
+        headers = {"Accept-Encoding": "identity", **(headers or {}), **self.request_headers(ctx)}
         try:
-            async with self._session.request(method, path, data=body, headers=headers) as response:
+            # Redirects are answers, never followed: addresses come only from config.
+            async with self._session.request(method, path, data=body, headers=headers,
+                                             server_hostname=self._tls.server_hostname,
+                                             allow_redirects=False) as response:
                 declared = response.content_length
                 if declared is not None and declared > self.max_response:
                     raise too_large_reply(self.label, declared, self.max_response)

@@ -31,6 +31,11 @@ v2_errors = error_middleware(
 
 
 class V2RestFrontend(HttpFrontend):
+    PUBLIC_PATHS = frozenset({"/v2/health/live", "/v2/health/ready"})
+
+    def error_response(self, error: GatewayError, status: int | None) -> web.Response:
+        return error_response(error, status)
+
     def build_app(self) -> web.Application:
         app = self.new_app([v2_errors])
         get, post = app.router.add_get, app.router.add_post

@@ -1,0 +1,43 @@
+"""Which model names and versions a request may carry.
+
+Checked where every frontend's request enters the data plane
+(``DataPlane.resolve``), so REST paths, gRPC fields, UM-Bridge bodies and
+GraphStorm's target-model header all get the same answer. Names only ever
+select a route (upstream addresses come from the config alone); the check
+keeps names that could be read as paths, or that would corrupt logs and
+headers, from travelling further.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+
+from gateway.errors import invalid
+
+MAX_MODEL_NAME_CHARS = 256
+
+
+def _shown(text: str) -> str:
+    return repr(text[:64]) + ("..." if len(text) > 64 else "")
+
+
+def check_name(text: str, what: str, *, required: bool) -> None:
+    """Raise INVALID_INPUT for a name that is empty (when ``required``),
+    too long, or holds control characters, ``/``, ``\\`` or ``..``."""
+    if not text:
+        if required:
+            raise invalid(f"{what} is empty")
+        return
+    if len(text) > MAX_MODEL_NAME_CHARS:
+        raise invalid(f"{what} is {len(text)} characters long, over the limit of {MAX_MODEL_NAME_CHARS}")
+    if any(unicodedata.category(c) == "Cc" for c in text):
+        raise invalid(f"{what} {_shown(text)} contains control characters")
+    if "/" in text or "\\" in text:
+        raise invalid(f"{what} {_shown(text)} contains a path separator")
+    if ".." in text:
+        raise invalid(f"{what} {_shown(text)} contains '..'")
+
+
+def check_model(model: str, version: str) -> None:
+    check_name(model, "model name", required=True)
+    check_name(version, "model version", required=False)
