@@ -16,6 +16,8 @@ from typing import Any
 import yaml
 
 from gateway.confignode import ConfigError, Node, expand_env
+from gateway.extensions import GATEWAY_EXTENSIONS
+from gateway.extensions.labels import ClassificationConfig, parse_classification
 
 DEFAULT_MAX_REQUEST_BYTES = 64 << 20
 DEFAULT_CONFIG_RESOURCE = "default_config.yaml"
@@ -58,6 +60,8 @@ class Limits:
 class ServerIdentity:
     name: str = "inference-gateway"
     version: str = ""  # empty: the package version
+    # Triton extensions the gateway serves itself (listed in server metadata).
+    extensions: tuple[str, ...] = GATEWAY_EXTENSIONS
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +160,7 @@ class GatewayConfig:
     server: ServerIdentity = ServerIdentity()
     source: str = "<embedded>"
     observability: ObservabilityConfig = ObservabilityConfig()
+    classification: ClassificationConfig = field(default_factory=ClassificationConfig)
 
     def upstream(self, name: str) -> UpstreamConfig:
         return next(u for u in self.upstreams if u.name == name)
@@ -298,6 +303,16 @@ def _observability(node: Node) -> ObservabilityConfig:
     return ObservabilityConfig(access_log, metrics, tracing)
 
 
+def _extensions(node: Node) -> tuple[str, ...]:
+    names: list[str] = []
+    for item in node.items():
+        if item.value not in GATEWAY_EXTENSIONS:
+            item.error(f"unknown extension {item.value!r}; known: {', '.join(GATEWAY_EXTENSIONS)}")
+        elif item.value not in names:
+            names.append(item.value)
+    return tuple(names)
+
+
 def parse_config(data: Any, source: str = "<string>", base_dir: Path | None = None) -> GatewayConfig:
     """``base_dir``: where relative file paths in the config are resolved
     (the config file's folder; the current directory when None)."""
@@ -315,7 +330,8 @@ def parse_config(data: Any, source: str = "<string>", base_dir: Path | None = No
     limits_node.check_no_unknown_keys()
 
     server_node = root.child("server", {})
-    server = ServerIdentity(server_node.string("name", "inference-gateway"), server_node.string("version", ""))
+    server = ServerIdentity(server_node.string("name", "inference-gateway"), server_node.string("version", ""),
+                            _extensions(server_node.child("extensions", list(GATEWAY_EXTENSIONS))))
     server_node.check_no_unknown_keys()
 
     admin_node = root.child("admin", {})
@@ -362,12 +378,13 @@ def parse_config(data: Any, source: str = "<string>", base_dir: Path | None = No
             routes.append(RouteConfig(match, upstream, rewrite, timeout, options))
 
     observability = _observability(root.child("observability", {}))
+    classification = parse_classification(root.child("classification", {}), base_dir)
 
     root.check_no_unknown_keys()
     if problems:
         raise ConfigError(problems)
     return GatewayConfig(tuple(listeners), tuple(upstreams), tuple(routes), admin, limits, server, source,
-                         observability=observability)
+                         observability=observability, classification=classification)
 
 
 def load_config(path: str | Path | None = None) -> GatewayConfig:

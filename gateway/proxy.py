@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 from gateway.config import GatewayConfig, UpstreamConfig
 from gateway.errors import ErrorKind, GatewayError, invalid, model_not_found
+from gateway.extensions.statistics import batch_size
 from gateway.metrics import metrics_of
 from gateway.protocols import registry
 from gateway.protocols.base import UpstreamClient
@@ -110,6 +111,7 @@ class DataPlane:
     async def infer(self, request: InferRequest, ctx: RequestContext) -> InferResponse:
         asked_model, asked_version = request.model_name, request.model_version
         route = self.resolve(asked_model, asked_version, ctx)
+        ctx.record.batch_size = batch_size(request.inputs)  # a routed inference, for the statistics
         model, version = self._target(route, asked_model, asked_version)
         upstream_request = dataclasses.replace(request, model_name=model, model_version=version)
         response = await self._call(route, ctx, lambda c: c.infer(upstream_request, ctx))

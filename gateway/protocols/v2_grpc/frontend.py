@@ -1,4 +1,5 @@
-"""V2 gRPC listener (grpc.aio): the six core RPCs, health and reflection.
+"""V2 gRPC listener (grpc.aio): the six core RPCs, Triton's extensions
+(served or refused with UNIMPLEMENTED and a reason), health and reflection.
 
 The service is registered through generic handlers with our private-pool
 message classes (see messages.py), so no generated servicer module is needed.
@@ -21,7 +22,9 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from gateway.confignode import Node
-from gateway.errors import ErrorKind, GatewayError, malformed
+from gateway.errors import ErrorKind, GatewayError, malformed, unsupported
+from gateway.extensions import MODEL_CONFIGURATION, MODEL_REPOSITORY, STATISTICS
+from gateway.extensions.service import Extensions
 from gateway.observe import (
     OUTCOME_CANCELLED,
     TRACEPARENT_HEADER,
@@ -32,7 +35,7 @@ from gateway.observe import (
     finish_request,
 )
 from gateway.protocols.base import Frontend
-from gateway.protocols.v2_grpc import codec
+from gateway.protocols.v2_grpc import codec, extensions
 from gateway.protocols.v2_grpc import messages as pb
 from gateway.types import RequestContext
 
@@ -68,6 +71,7 @@ class V2GrpcFrontend(Frontend):
     _server: grpc.aio.Server | None = None
     _health: Any = None
     _port = 0
+    extensions: Extensions
 
     @classmethod
     def parse_options(cls, node: Node) -> GrpcListenerOptions:
@@ -84,11 +88,14 @@ class V2GrpcFrontend(Frontend):
     async def start(self) -> None:
         limit = self.services.config.limits.max_request_bytes
         server = grpc.aio.server(options=server_options(limit, self.services.reuse_port))
+        self.extensions = Extensions(self.dataplane, self.services, extensions.OFFERED)
         handlers = {
             name: grpc.unary_unary_rpc_method_handler(
                 self._handler(name, request_class), response_serializer=response_class.SerializeToString)
             for name, (request_class, response_class) in pb.METHODS.items()
         }
+        for name in pb.STREAM_METHODS:  # refused, with the reason, after reading nothing
+            handlers[name] = grpc.stream_stream_rpc_method_handler(self._handler(name, None))
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(pb.SERVICE, handlers),))
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
@@ -113,25 +120,26 @@ class V2GrpcFrontend(Frontend):
 
     # --- plumbing --------------------------------------------------------------
 
-    def _handler(self, name: str, request_class: Any) -> Callable[[bytes, grpc.aio.ServicerContext], Awaitable[Any]]:
-        operation: Callable[[Any, RequestContext], Awaitable[Any]] = getattr(self, f"_{name}")
-        type_name = request_class.DESCRIPTOR.full_name
+    def _handler(self, name: str, request_class: Any) -> Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]:
+        """The method's handler; ``request_class`` None for a streaming one."""
+        operation: Callable[[Any, RequestContext], Awaitable[Any]] = getattr(self, f"_{name}", None) or _refuse(name)
+        type_name = request_class.DESCRIPTOR.full_name if request_class is not None else ""
         services = self.services
         in_flight = services.metrics.requests_in_flight(self.listener.name, PROTOCOL)
 
-        async def handle(data: bytes, context: grpc.aio.ServicerContext) -> Any:
+        async def handle(data: Any, context: grpc.aio.ServicerContext) -> Any:
             ctx = self._context(context)
             record = ctx.record
             record.operation, record.method, record.peer = name, "POST", context.peer() or ""
             record.path = f"/{pb.SERVICE}/{name}"
-            record.request_bytes = len(data)
+            record.request_bytes = len(data) if isinstance(data, bytes) else 0
             if services.tracing is not None:
                 services.tracing.start(ctx)
             in_flight.inc()
             failure: GatewayError
             try:
                 try:
-                    message: Any = request_class.FromString(data)
+                    message: Any = request_class.FromString(data) if request_class is not None else None
                 except DecodeError:
                     raise malformed(f"the request is not a valid {type_name} message") from None
                 message_id = str(getattr(message, "id", ""))
@@ -196,7 +204,7 @@ class V2GrpcFrontend(Frontend):
 
     async def _ServerMetadata(self, request: Any, ctx: RequestContext) -> Any:
         identity = self.services.identity
-        return codec.encode_server_metadata(identity.name, identity.version, [])
+        return codec.encode_server_metadata(identity.name, identity.version, list(self.extensions.served))
 
     async def _ModelMetadata(self, request: Any, ctx: RequestContext) -> Any:
         metadata = await self.dataplane.model_metadata(request.name, request.version, ctx)
@@ -206,8 +214,33 @@ class V2GrpcFrontend(Frontend):
         started = time.perf_counter()
         infer_request = codec.decode_infer_request(request, self.services.config.limits.max_tensor_elements)
         ctx.record.decode_seconds = time.perf_counter() - started
-        response = await self.dataplane.infer(infer_request, ctx)
+        response = await self.extensions.infer(infer_request, ctx)
         started = time.perf_counter()
         reply = codec.encode_infer_response(response, typed=self.options.output_contents == "typed")
         ctx.record.encode_seconds = time.perf_counter() - started
         return reply
+
+    # --- Triton's extensions (the rest of the service is refused: _refuse) ---------
+
+    async def _ModelConfig(self, request: Any, ctx: RequestContext) -> Any:
+        self.extensions.require(MODEL_CONFIGURATION)
+        config = await self.extensions.model_config(request.name, request.version, ctx)
+        return pb.ModelConfigResponse(config=extensions.config_from_json(config))
+
+    async def _ModelStatistics(self, request: Any, ctx: RequestContext) -> Any:
+        self.extensions.require(STATISTICS)
+        return extensions.statistics_message(await self.extensions.statistics(request.name, request.version, ctx))
+
+    async def _RepositoryIndex(self, request: Any, ctx: RequestContext) -> Any:
+        self.extensions.require(MODEL_REPOSITORY)
+        return extensions.index_message(await self.extensions.repository_index(ctx, request.ready))
+
+
+def _refuse(name: str) -> Callable[[Any, RequestContext], Awaitable[Any]]:
+    """An RPC the gateway cannot honour: UNIMPLEMENTED naming the extension and why."""
+    reason = extensions.refusal_reason(name)
+
+    async def refuse(request: Any, ctx: RequestContext) -> Any:
+        raise unsupported(reason)
+
+    return refuse

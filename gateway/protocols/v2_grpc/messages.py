@@ -58,6 +58,8 @@ InferParameter = _message("InferParameter")
 InferTensorContents = _message("InferTensorContents")
 
 ModelStreamInferResponse = _message("ModelStreamInferResponse")
+ModelConfig = _message("ModelConfig")
+ModelConfigRequest = _message("ModelConfigRequest")
 ModelConfigResponse = _message("ModelConfigResponse")
 ModelStatisticsResponse = _message("ModelStatisticsResponse")
 RepositoryIndexRequest = _message("RepositoryIndexRequest")
