@@ -7,6 +7,7 @@ number (from 0) being the class index.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -14,6 +15,7 @@ from pathlib import Path
 
 from gateway.confignode import Node
 
+log = logging.getLogger(__name__)
 ALL_OUTPUTS = "*"  # a label file for every output of a model
 MAX_LABEL_FILE_BYTES = 16 << 20
 
@@ -89,5 +91,6 @@ class LabelCache:
             if cached is None or cached[0] != stamp:
                 cached = self._files[path] = (stamp, read_labels(path))
             return cached[1]
-        except (OSError, ValueError):
+        except (OSError, ValueError) as exc:
+            log.warning("label file %s has become unusable (%s); classifying without labels", path, exc)
             return ()
