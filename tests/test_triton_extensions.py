@@ -365,30 +365,21 @@ def test_streaming_is_refused_with_a_reason(grpc_client: grpcclient.InferenceSer
 # --- server identity: the advertised list is what is served ---------------------------------
 
 
-def _served_over_http(client: httpclient.InferenceServerClient) -> set[str]:
-    """Probe each extension: served unless the listener answers 501."""
+def _served(module: Any, client: Any) -> set[str]:
+    """Probe each extension: served unless the listener refuses it
+    (classification: unless the output comes back as it was)."""
+    refused = "501" if module is httpclient else "StatusCode.UNIMPLEMENTED"
     probes: dict[str, Callable[[], Any]] = {
         "statistics": lambda: client.get_inference_statistics("simple"),
         "model_configuration": lambda: client.get_model_config("simple"),
         "model_repository": client.get_model_repository_index,
         "classification": lambda: client.infer(
-            "simple", _inputs(httpclient, _simple(1)),
-            outputs=[httpclient.InferRequestedOutput("OUTPUT0", class_count=1)]).as_numpy("OUTPUT0").dtype == object,
-        "binary_tensor_data": lambda: client.infer("simple", _inputs(httpclient, _simple(1), binary_data=True)),
+            "simple", _inputs(module, _simple(1)),
+            outputs=[module.InferRequestedOutput("OUTPUT0", class_count=1)]).as_numpy("OUTPUT0").dtype == object,
     }
-    return {name for name, probe in probes.items() if _answers(probe, "501")}
-
-
-def _served_over_grpc(client: grpcclient.InferenceServerClient) -> set[str]:
-    probes: dict[str, Callable[[], Any]] = {
-        "statistics": lambda: client.get_inference_statistics("simple"),
-        "model_configuration": lambda: client.get_model_config("simple"),
-        "model_repository": client.get_model_repository_index,
-        "classification": lambda: client.infer(
-            "simple", _inputs(grpcclient, _simple(1)),
-            outputs=[grpcclient.InferRequestedOutput("OUTPUT0", class_count=1)]).as_numpy("OUTPUT0").dtype == object,
-    }
-    return {name for name, probe in probes.items() if _answers(probe, "StatusCode.UNIMPLEMENTED")}
+    if module is httpclient:
+        probes["binary_tensor_data"] = lambda: client.infer("simple", _inputs(module, _simple(1), binary_data=True))
+    return {name for name, probe in probes.items() if _answers(probe, refused)}
 
 
 def _answers(probe: Callable[[], Any], refused: str) -> bool:
@@ -401,9 +392,9 @@ def _answers(probe: Callable[[], Any], refused: str) -> bool:
 
 def test_advertised_extensions_are_the_served_ones(http: httpclient.InferenceServerClient,
                                                    grpc_client: grpcclient.InferenceServerClient) -> None:
-    assert set(http.get_server_metadata()["extensions"]) == _served_over_http(http) == {
+    assert set(http.get_server_metadata()["extensions"]) == _served(httpclient, http) == {
         *GATEWAY_EXTENSIONS, "binary_tensor_data"}
-    assert set(grpc_client.get_server_metadata().extensions) == _served_over_grpc(grpc_client) == set(
+    assert set(grpc_client.get_server_metadata().extensions) == _served(grpcclient, grpc_client) == set(
         GATEWAY_EXTENSIONS)
 
 
@@ -416,9 +407,9 @@ server: {name: triton, version: "2.99.0", extensions: [statistics, model_reposit
             grpcclient.InferenceServerClient(gw.url("grpc")) as grpc_client:
         metadata = http.get_server_metadata()
         assert (metadata["name"], metadata["version"]) == ("triton", "2.99.0")
-        assert set(metadata["extensions"]) == _served_over_http(http) == {
+        assert set(metadata["extensions"]) == _served(httpclient, http) == {
             "statistics", "model_repository", "binary_tensor_data"}
-        assert set(grpc_client.get_server_metadata().extensions) == _served_over_grpc(grpc_client) == {
+        assert set(grpc_client.get_server_metadata().extensions) == _served(grpcclient, grpc_client) == {
             "statistics", "model_repository"}
         with pytest.raises(InferenceServerException) as info:
             http.get_model_config("simple")

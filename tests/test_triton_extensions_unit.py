@@ -41,6 +41,13 @@ def test_classification_per_batch_row_with_labels_and_ties() -> None:
     assert out.shape == (2, 3)
     # equal values rank by the lower index; index 3 has no label
     assert _texts(out) == ["10:2:plum", "5:1:pear", "4:3", "9:3", "7:0:apple", "7:1:pear"]
+    # more equal values at the cut than places left: the lower indices win
+    ties = classify(Tensor.from_numpy("o", np.array([1, 3, 3, 3, 3], dtype=np.int64)), 2, batched=False)
+    assert _texts(ties) == ["3:1", "3:2"]
+    unsigned = classify(Tensor.from_numpy("o", np.array([0, 2**64 - 1, 5], dtype=np.uint64)), 3, batched=False)
+    assert _texts(unsigned) == [f"{2**64 - 1}:1", "5:2", "0:0"]
+    signed = classify(Tensor.from_numpy("o", np.array([-128, 127, 0], dtype=np.int8)), 3, batched=False)
+    assert _texts(signed) == ["127:1", "0:2", "-128:0"]
 
 
 def test_classification_count_beyond_the_row_and_empty_batches() -> None:

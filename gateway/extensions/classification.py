@@ -48,10 +48,20 @@ def without_parameter(request: InferRequest) -> InferRequest:
     return dataclasses.replace(request, outputs=outputs)
 
 
-def _sort_keys(rows: np.ndarray) -> np.ndarray:
+def _ascending_keys(rows: np.ndarray) -> np.ndarray:
+    """Keys whose ascending order is the values' descending order, NaN last:
+    negated floats, bitwise-inverted integers (no overflow, signed or not)."""
     if rows.dtype.kind == "f":
-        return np.where(np.isnan(rows), -np.inf, rows)  # NaN ranks last
-    return rows
+        return np.where(np.isnan(rows), np.inf, -rows)
+    return np.invert(rows)
+
+
+def _top_indices(keys: np.ndarray, top: int) -> np.ndarray:
+    """Indices of the ``top`` smallest keys of a row, ties by lower index:
+    a partition finds the cut, then only the candidates are sorted."""
+    cut = np.partition(keys, top - 1)[top - 1]
+    candidates = np.flatnonzero(keys <= cut)  # ascending indices; a stable sort keeps them so on ties
+    return candidates[np.argsort(keys[candidates], kind="stable")][:top]
 
 
 def _format(value: Any, floating: bool) -> str:
@@ -69,10 +79,10 @@ def classify(tensor: Tensor, count: int, batched: bool, labels: Sequence[str] = 
     rows = data.reshape((tensor.shape[0], math.prod(tensor.shape[1:])) if batched else (1, tensor.element_count))
     top = min(count, rows.shape[1])
     floating = rows.dtype.kind == "f"
-    positions = np.broadcast_to(np.arange(rows.shape[1]), rows.shape)
-    # lexsort: ascending by the last key (value), then by -index; reversed,
-    # that is descending value with ties broken by the lower index.
-    order = np.lexsort((-positions, _sort_keys(rows)), axis=-1)[:, ::-1][:, :top]
+    keys = _ascending_keys(rows)
+    order = np.empty((rows.shape[0], top), dtype=np.intp)
+    for r, row in enumerate(keys if top else ()):
+        order[r] = _top_indices(row, top)
     out = np.empty(order.shape, dtype=object)
     for r, row_order in enumerate(order):
         for k, index in enumerate(row_order.tolist()):

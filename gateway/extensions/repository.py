@@ -9,12 +9,11 @@ for readiness through its route, a few at a time.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
 from gateway.errors import GatewayError
-from gateway.observe import RequestRecord
+from gateway.extensions.context import side_context
 from gateway.types import RequestContext
 
 READY = "READY"
@@ -36,12 +35,9 @@ async def repository_index(dataplane: Any, ctx: RequestContext, ready_only: bool
     slots = asyncio.Semaphore(MAX_CONCURRENT_PROBES)
 
     async def probe(name: str) -> IndexEntry:
-        # Its own record and deadline: probes run side by side, and the
-        # index request itself is accounted as one request, not per model.
-        probe_ctx = dataclasses.replace(ctx, record=RequestRecord())
-        async with slots:
+        async with slots:  # the index request is accounted once, not per model probed
             try:
-                ready = await dataplane.model_ready(name, "", probe_ctx)
+                ready = await dataplane.model_ready(name, "", side_context(ctx))
             except GatewayError as error:
                 return IndexEntry(name, state=UNAVAILABLE, reason=error.message)
         return IndexEntry(name) if ready else IndexEntry(name, state=UNAVAILABLE, reason=NOT_READY_REASON)

@@ -3,19 +3,18 @@ encode what this answers, so the two cannot drift apart."""
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Sequence
 from typing import Any
 
 from gateway.errors import ErrorKind, GatewayError, unsupported
-from gateway.extensions import CLASSIFICATION, turned_off
+from gateway.extensions import CLASSIFICATION, GATEWAY_EXTENSIONS, turned_off
 from gateway.extensions import classification as classes
+from gateway.extensions.context import side_context
 from gateway.extensions.labels import LabelCache
 from gateway.extensions.modelconfig import max_batch_size, synthesize
 from gateway.extensions.repository import IndexEntry, repository_index
 from gateway.extensions.statistics import ModelStatistics
-from gateway.observe import RequestRecord
 from gateway.protocols.umbridge.cache import TtlCache
 from gateway.types import MODEL_CONFIG_OPERATION, InferRequest, InferResponse, RequestContext, Tensor
 
@@ -27,18 +26,12 @@ CONFIG_TTL = 60.0
 _NO_CONFIG = (ErrorKind.UNSUPPORTED, ErrorKind.MODEL_NOT_FOUND)
 
 
-def side_context(ctx: RequestContext) -> RequestContext:
-    """A copy of ``ctx`` with its own record and deadline, for calls made on
-    the side of a request: they must not count as the request's own upstream
-    time (statistics, metrics) nor shorten its deadline."""
-    return dataclasses.replace(ctx, record=RequestRecord())
-
-
 class Extensions:
-    """Extensions of one listener: those it can offer (``offered``) that the
-    configuration turns on (``server.extensions``) are ``served``."""
+    """Extensions of one listener: those it can offer (``offered``; both V2
+    listeners offer all) that the configuration turns on (``server.extensions``)
+    are ``served``."""
 
-    def __init__(self, dataplane: Any, services: Any, offered: Sequence[str]) -> None:
+    def __init__(self, dataplane: Any, services: Any, offered: Sequence[str] = GATEWAY_EXTENSIONS) -> None:
         self.dataplane = dataplane
         self.services = services
         enabled = services.identity.extensions

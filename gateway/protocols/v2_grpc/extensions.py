@@ -15,13 +15,10 @@ from google.protobuf import json_format
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 
 from gateway.errors import ErrorKind, GatewayError
-from gateway.extensions import CLASSIFICATION, MODEL_CONFIGURATION, MODEL_REPOSITORY, REFUSALS, STATISTICS
+from gateway.extensions import REFUSALS
 from gateway.extensions.repository import IndexEntry
 from gateway.extensions.statistics import Duration, ModelStatistics
 from gateway.protocols.v2_grpc import messages as pb
-
-# What this listener can offer; server.extensions picks among them.
-OFFERED = (CLASSIFICATION, MODEL_CONFIGURATION, MODEL_REPOSITORY, STATISTICS)
 
 # RPCs the gateway refuses, with the reason (a key of REFUSALS).
 REFUSED_RPCS: Mapping[str, str] = MappingProxyType({

@@ -88,7 +88,7 @@ class V2GrpcFrontend(Frontend):
     async def start(self) -> None:
         limit = self.services.config.limits.max_request_bytes
         server = grpc.aio.server(options=server_options(limit, self.services.reuse_port))
-        self.extensions = Extensions(self.dataplane, self.services, extensions.OFFERED)
+        self.extensions = Extensions(self.dataplane, self.services)
         handlers = {
             name: grpc.unary_unary_rpc_method_handler(
                 self._handler(name, request_class), response_serializer=response_class.SerializeToString)

@@ -17,7 +17,6 @@ from aiohttp import web
 
 from gateway.errors import malformed, unsupported
 from gateway.extensions import (
-    CLASSIFICATION,
     MODEL_CONFIGURATION,
     MODEL_REPOSITORY,
     REFUSALS,
@@ -31,8 +30,6 @@ from gateway.protocols.v2_rest.codec import JSON_TYPE, load_json_object
 if TYPE_CHECKING:
     from gateway.protocols.v2_rest.frontend import V2RestFrontend
 
-# What this listener can offer; server.extensions picks among them.
-OFFERED = (CLASSIFICATION, MODEL_CONFIGURATION, MODEL_REPOSITORY, STATISTICS)
 _EMPTY = Duration()
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

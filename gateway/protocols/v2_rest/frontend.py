@@ -37,7 +37,7 @@ class V2RestFrontend(HttpFrontend):
 
     def build_app(self) -> web.Application:
         app = self.new_app([v2_errors])
-        self.extensions = Extensions(self.dataplane, self.services, extensions.OFFERED)
+        self.extensions = Extensions(self.dataplane, self.services)
         get, post = app.router.add_get, app.router.add_post
         get("/v2", self.server_metadata)
         get("/v2/", self.server_metadata)
