@@ -16,12 +16,7 @@ import orjson
 from aiohttp import web
 
 from gateway.errors import malformed, unsupported
-from gateway.extensions import (
-    MODEL_CONFIGURATION,
-    MODEL_REPOSITORY,
-    REFUSALS,
-    STATISTICS,
-)
+from gateway.extensions import MODEL_CONFIGURATION, MODEL_REPOSITORY, REFUSALS, STATISTICS
 from gateway.extensions.repository import IndexEntry
 from gateway.extensions.statistics import Duration, ModelStatistics
 from gateway.httpserver import read_body
@@ -29,8 +24,6 @@ from gateway.protocols.v2_rest.codec import JSON_TYPE, load_json_object
 
 if TYPE_CHECKING:
     from gateway.protocols.v2_rest.frontend import V2RestFrontend
-
-_EMPTY = Duration()
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -53,7 +46,7 @@ def statistics_json(found: list[ModelStatistics]) -> dict[str, Any]:
             "success": _duration(s.success), "fail": _duration(s.fail), "queue": _duration(s.queue),
             "compute_input": _duration(s.compute_input), "compute_infer": _duration(s.compute_infer),
             "compute_output": _duration(s.compute_output),
-            "cache_hit": _duration(_EMPTY), "cache_miss": _duration(_EMPTY),
+            "cache_hit": {"count": 0, "ns": 0}, "cache_miss": {"count": 0, "ns": 0},  # no response cache
         },
         "response_stats": {},
         "batch_stats": [{
