@@ -17,6 +17,8 @@ import yaml
 
 from gateway.auth import CredentialConfig, SecretRef, parse_credential_config, parse_secret_ref
 from gateway.confignode import ConfigError, Node, expand_env
+from gateway.extensions import GATEWAY_EXTENSIONS
+from gateway.extensions.labels import ClassificationConfig, parse_classification
 from gateway.tls import CLIENT_AUTH_MODES, ListenerTls, UpstreamTls, parse_listener_tls, parse_upstream_tls
 
 DEFAULT_MAX_REQUEST_BYTES = 64 << 20
@@ -60,6 +62,8 @@ class Limits:
 class ServerIdentity:
     name: str = "inference-gateway"
     version: str = ""  # empty: the package version
+    # Triton extensions the gateway serves itself (listed in server metadata).
+    extensions: tuple[str, ...] = GATEWAY_EXTENSIONS
 
 
 @dataclass(frozen=True, slots=True)
@@ -283,6 +287,7 @@ class GatewayConfig:
     readiness: ReadinessConfig = ReadinessConfig()
     reload: ReloadConfig = ReloadConfig()
     observability: ObservabilityConfig = ObservabilityConfig()
+    classification: ClassificationConfig = field(default_factory=ClassificationConfig)
 
     def upstream(self, name: str) -> UpstreamConfig:
         return next(u for u in self.upstreams if u.name == name)
@@ -718,6 +723,16 @@ def _reload(node: Node) -> ReloadConfig:
     return reload
 
 
+def _extensions(node: Node) -> tuple[str, ...]:
+    names: list[str] = []
+    for item in node.items():
+        if item.value not in GATEWAY_EXTENSIONS:
+            item.error(f"unknown extension {item.value!r}; known: {', '.join(GATEWAY_EXTENSIONS)}")
+        elif item.value not in names:
+            names.append(item.value)
+    return tuple(names)
+
+
 def parse_config(data: Any, source: str = "<string>", base_dir: Path | None = None) -> GatewayConfig:
     """``base_dir``: where relative file paths in the config are resolved
     (the config file's folder; the current directory when None)."""
@@ -735,7 +750,8 @@ def parse_config(data: Any, source: str = "<string>", base_dir: Path | None = No
     limits_node.check_no_unknown_keys()
 
     server_node = root.child("server", {})
-    server = ServerIdentity(server_node.string("name", "inference-gateway"), server_node.string("version", ""))
+    server = ServerIdentity(server_node.string("name", "inference-gateway"), server_node.string("version", ""),
+                            _extensions(server_node.child("extensions", list(GATEWAY_EXTENSIONS))))
     server_node.check_no_unknown_keys()
 
     admin_node = root.child("admin", {})
@@ -781,12 +797,13 @@ def parse_config(data: Any, source: str = "<string>", base_dir: Path | None = No
     reload = _reload(root.child("reload", None))
 
     observability = _observability(root.child("observability", {}))
+    classification = parse_classification(root.child("classification", {}), base_dir)
 
     root.check_no_unknown_keys()
     if problems:
         raise ConfigError(problems)
     return GatewayConfig(tuple(listeners), tuple(upstreams), tuple(routes), admin, limits, server, source,
-                         drain, readiness, reload, observability)
+                         drain, readiness, reload, observability, classification)
 
 
 def load_config(path: str | Path | None = None) -> GatewayConfig:

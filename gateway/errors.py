@@ -56,8 +56,9 @@ def invalid(message: str) -> GatewayError:
 
 
 def model_not_found(model: str, version: str | None = None) -> GatewayError:
+    # Triton's wording: its example clients check the message's start.
     shown = f"'{model}'" if not version else f"'{model}' version '{version}'"
-    return GatewayError(ErrorKind.MODEL_NOT_FOUND, f"model {shown} is not found")
+    return GatewayError(ErrorKind.MODEL_NOT_FOUND, f"Request for unknown model: {shown} is not found")
 
 
 def unsupported(message: str) -> GatewayError:

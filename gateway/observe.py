@@ -102,6 +102,11 @@ class RequestRecord:
     encode_seconds: float = 0.0  # frontend translation: canonical -> wire
     finished: bool = False
     span: Any = None  # the OpenTelemetry server span, when tracing is on
+    # Set by the data plane when the request is an inference routed to an
+    # upstream: its batch size (gateway.extensions.statistics.batch_size).
+    batch_size: int | None = None
+    # Time spent waiting for an upstream slot; 0 until circuit breakers queue.
+    queue_seconds: float = 0.0
 
     def fail(self, kind: str, message: str) -> None:
         """Note the error the client is answered with (first one wins)."""
@@ -126,6 +131,7 @@ def finish_request(services: Any, ctx: Any) -> None:
         record.outcome = OUTCOME_OK
     duration = time.monotonic() - ctx.started
     services.metrics.observe_request(ctx.listener, ctx.protocol, record, duration)
+    services.statistics.observe(record, duration)
     services.access_log.write(ctx, duration)
     if record.span is not None:
         services.tracing.finish(ctx)

@@ -31,6 +31,7 @@ from gateway.errors import (
     invalid,
     model_not_found,
 )
+from gateway.extensions.statistics import batch_size
 from gateway.metrics import metrics_hook, metrics_of
 from gateway.modelnames import check_model
 from gateway.protocols.base import UpstreamClient
@@ -340,6 +341,7 @@ class DataPlane:
         with generation.use():
             asked_model, asked_version = request.model_name, request.model_version
             route = self._resolve(generation, asked_model, asked_version, ctx)
+            ctx.record.batch_size = batch_size(request.inputs)  # a routed inference, for the statistics
             model, version = self._target(route, asked_model, asked_version)
             upstream_request = dataclasses.replace(request, model_name=model, model_version=version)
             if route.config.mirror:

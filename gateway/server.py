@@ -22,6 +22,7 @@ from gateway.auth import CredentialConfig
 from gateway.config import GatewayConfig, ServerIdentity, load_config
 from gateway.confignode import ConfigError
 from gateway.counters import Counters
+from gateway.extensions.statistics import StatisticsStore
 from gateway.metrics import GatewayMetrics
 from gateway.protocols import registry
 from gateway.protocols.base import Frontend
@@ -48,6 +49,8 @@ class GatewayServices:
     reuse_port: bool = False
     worker: int | None = None  # worker index under a supervisor
     tracing: Tracing | None = None  # OpenTelemetry, when observability.tracing.enabled
+    # Triton-style per-model statistics, fed by finish_request like the metrics.
+    statistics: StatisticsStore = field(default_factory=StatisticsStore)
 
 
 def build_metrics(config: GatewayConfig, version: str, registry: CollectorRegistry | None = None,
@@ -87,12 +90,13 @@ class Gateway:
         self.config_path = config_path
         version = config.server.version or __version__
         self.services = GatewayServices(
-            config, ServerIdentity(config.server.name, version),
+            config, ServerIdentity(config.server.name, version, config.server.extensions),
             metrics=build_metrics(config, version, registry, multiprocess_dir),
             access_log=AccessLog.open(config.observability.access_log, worker),
             reuse_port=worker is not None, worker=worker,
             tracing=Tracing(config.observability.tracing, version, worker)
-            if config.observability.tracing.enabled else None)
+            if config.observability.tracing.enabled else None,
+            statistics=StatisticsStore(config.observability.metrics.max_model_labels))
         self.counters = counters or Counters()
         self.dataplane = DataPlane(config, self.services, self.counters)
         self.frontends: dict[str, Frontend] = {}

@@ -241,6 +241,10 @@ DERIVATIVE_OPERATION = "derivative"  # arguments: Derivative -> 1-D float64 ndar
 # Metadata for the request's parameters (UM-Bridge sizes may depend on
 # `config`); arguments: None -> ModelMetadata. Without it, model_metadata().
 METADATA_OPERATION = "metadata_for_parameters"
+# The model's configuration as the upstream keeps it (Triton's ModelConfig in
+# its JSON form, a dict); arguments: None. Upstreams without it raise
+# UNSUPPORTED and the gateway synthesizes one (gateway.extensions.modelconfig).
+MODEL_CONFIG_OPERATION = "model_config"
 
 DERIVATIVE_KINDS = ("Gradient", "ApplyJacobian", "ApplyHessian")
 

@@ -81,7 +81,11 @@ class GatewayProcess:
                 raise RuntimeError(f"gateway exited with {self.proc.returncode}:\n{self.log()}")
             return self.port_file.exists()
 
-        wait_for(ready, timeout, "the gateway to bind its listeners")
+        try:
+            wait_for(ready, timeout, "the gateway to bind its listeners")
+        except BaseException:
+            self.stop()  # no process or open log left behind by a failed start
+            raise
         self.ports = json.loads(self.port_file.read_text())
         return self
 

@@ -15,7 +15,6 @@ import pytest
 
 from gateway import cli, config
 from gateway.confignode import Node
-from gateway.protocols import registry
 from support import REPO
 
 DOC = REPO / "docs" / "configuration.md"
@@ -122,13 +121,7 @@ def test_examples_exist_for_each_feature() -> None:
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])
-def test_example_passes_gateway_check(path: Path, monkeypatch: pytest.MonkeyPatch,
-                                      capsys: pytest.CaptureFixture[str]) -> None:
-    if "v2-rest" not in registry.BACKENDS:
-        # Until the V2 REST upstream adapter is merged into this branch, the
-        # examples' v2-rest upstreams are checked with the echo test client,
-        # which takes no options of its own (the examples use none).
-        monkeypatch.setitem(registry.BACKENDS, "v2-rest", "peers.echo_upstream:EchoClient")
+def test_example_passes_gateway_check(path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code = cli.main(["check", "--config", str(path)])
     out = capsys.readouterr()
     assert code == 0, out.err

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from google.protobuf.descriptor import Descriptor
+from google.protobuf.descriptor import Descriptor, EnumDescriptor, FieldDescriptor, FileDescriptor
 
 from support import REPO
 
@@ -33,32 +33,60 @@ def test_importable_next_to_tritonclient_grpc() -> None:
         assert result.stdout.strip() == "ok", result.stderr
 
 
-def _fields(descriptor: Descriptor) -> dict[str, tuple[int, int, bool, str | None]]:
-    return {f.name: (f.number, f.type, f.is_repeated,
-                     f.message_type.full_name if f.message_type else None) for f in descriptor.fields}
+def _type_name(field: FieldDescriptor) -> str | None:
+    if field.message_type is not None:
+        return field.message_type.full_name
+    return field.enum_type.full_name if field.enum_type is not None else None
+
+
+def _fields(descriptor: Descriptor) -> dict[str, tuple[int, int, bool, str | None, str | None]]:
+    return {f.name: (f.number, f.type, f.is_repeated, _type_name(f),
+                     f.containing_oneof.name if f.containing_oneof else None) for f in descriptor.fields}
+
+
+def _values(enum: EnumDescriptor) -> dict[str, int]:
+    return {v.name: v.number for v in enum.values}
 
 
 def _compare(ours: Descriptor, theirs: Descriptor) -> None:
     assert _fields(ours) == _fields(theirs), ours.full_name
+    assert sorted(n.name for n in ours.nested_types) == sorted(n.name for n in theirs.nested_types), ours.full_name
     for nested in ours.nested_types:
         _compare(nested, theirs.nested_types_by_name[nested.name])
+    assert {e.name: _values(e) for e in ours.enum_types} == {e.name: _values(e) for e in theirs.enum_types}
 
 
-MESSAGES = ["ServerLiveRequest", "ServerLiveResponse", "ServerReadyRequest", "ServerReadyResponse",
-            "ModelReadyRequest", "ModelReadyResponse", "ServerMetadataRequest", "ServerMetadataResponse",
-            "ModelMetadataRequest", "ModelMetadataResponse", "ModelInferRequest", "ModelInferResponse",
-            "InferParameter", "InferTensorContents"]
+def _tritonclient_files() -> list[FileDescriptor]:
+    from tritonclient.grpc import model_config_pb2, service_pb2
+
+    return [service_pb2.DESCRIPTOR, model_config_pb2.DESCRIPTOR]
 
 
-@pytest.mark.parametrize("name", MESSAGES)
-def test_same_wire_contract_as_tritonclient(name: str) -> None:
-    """Field names, numbers, types and nesting equal Triton's published ones."""
-    from tritonclient.grpc import service_pb2
+def _their_message_names() -> list[str]:
+    from tritonclient.grpc import model_config_pb2, service_pb2
 
+    return [*service_pb2.DESCRIPTOR.message_types_by_name, *model_config_pb2.DESCRIPTOR.message_types_by_name]
+
+
+def test_every_tritonclient_message_is_declared() -> None:
+    """Triton's service and model-configuration messages, all of them, and
+    nothing of ours that Triton lacks (one file here, two there)."""
     from gateway.protocols.v2_grpc import messages
 
-    ours = messages.POOL.FindMessageTypeByName(f"inference.{name}")
-    _compare(ours, service_pb2.DESCRIPTOR.message_types_by_name[name])
+    ours = messages.POOL.FindFileByName("inference.proto")
+    assert sorted(ours.message_types_by_name) == sorted(_their_message_names())
+    theirs_enums = {name: _values(e) for f in _tritonclient_files() for name, e in f.enum_types_by_name.items()}
+    assert {name: _values(e) for name, e in ours.enum_types_by_name.items()} == theirs_enums
+
+
+@pytest.mark.parametrize("name", _their_message_names())
+def test_same_wire_contract_as_tritonclient(name: str) -> None:
+    """Field names, numbers, types, oneofs, nesting and enum values equal
+    Triton's published ones."""
+    from gateway.protocols.v2_grpc import messages
+
+    theirs = next(f.message_types_by_name[name] for f in _tritonclient_files() if name in f.message_types_by_name)
+    _compare(messages.POOL.FindMessageTypeByName(f"inference.{name}"), theirs)
 
 
 def test_service_methods_match_tritonclient() -> None:
@@ -68,11 +96,13 @@ def test_service_methods_match_tritonclient() -> None:
 
     theirs = service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"]
     ours = messages.POOL.FindServiceByName(messages.SERVICE)
-    assert [m.name for m in ours.methods] == list(messages.METHODS)
+    assert [m.name for m in ours.methods] == [m.name for m in theirs.methods]
+    assert sorted([*messages.METHODS, *messages.STREAM_METHODS]) == sorted(m.name for m in ours.methods)
     for method in ours.methods:
         other = theirs.methods_by_name[method.name]
-        assert (method.input_type.full_name, method.output_type.full_name) == (
-            other.input_type.full_name, other.output_type.full_name)
+        assert (method.input_type.full_name, method.output_type.full_name, method.client_streaming,
+                method.server_streaming) == (other.input_type.full_name, other.output_type.full_name,
+                                             other.client_streaming, other.server_streaming)
 
 
 def test_messages_cross_parse_with_tritonclient() -> None:

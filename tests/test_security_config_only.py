@@ -98,7 +98,7 @@ async def test_v2_rest_headers_and_names_cannot_redirect(setup: tuple[InProcessG
     status, body = await fetch("POST", f"{base}/v2/models/simple/infer", json=SIMPLE_INFER_REQUEST, headers=steering)
     assert status == 200 and body["model_name"] == "simple"  # served by the configured upstream
     status, body = await fetch("GET", f"{base}/v2/models/{target}/ready")
-    assert status == 404 and body["error"].endswith(f"answered 404: model '{target}' is not found")
+    assert status == 404 and body["error"].endswith(f"answered 404: Request for unknown model: '{target}' is not found")
     # Raw paths, sent exactly as written (no client-side normalisation).
     for path, status_wanted, message in [
         (f"/v2/models/http:%2F%2F{target}%2F/ready", 400, "contains a path separator"),
@@ -127,7 +127,7 @@ async def test_v2_grpc_names_and_authority_cannot_redirect(setup: tuple[InProces
         assert (await metadata_call(pb.ModelMetadataRequest(name="simple"), metadata=steering, timeout=10)).name \
             == "simple"
         for name, code, message in [
-            (target, grpc.StatusCode.NOT_FOUND, f"model '{target}' is not found"),
+            (target, grpc.StatusCode.NOT_FOUND, f"unknown model: '{target}' is not found"),
             (f"http://{target}/", grpc.StatusCode.INVALID_ARGUMENT, "contains a path separator"),
             ("..", grpc.StatusCode.INVALID_ARGUMENT, "contains '..'"),
             ("sim\x7fple", grpc.StatusCode.INVALID_ARGUMENT, "contains control characters"),
@@ -161,7 +161,7 @@ async def test_graphstorm_target_model_header_cannot_redirect(setup: tuple[InPro
         assert status == 200 and body["status_code"] == 400 and message in body["error"], body
     status, body = await fetch("POST", url, json=movielens(),
                                headers={"X-Amzn-SageMaker-Target-Model": target, "Host": target})
-    assert body["status_code"] == 500 and f"model '{target}' is not found" in body["error"]  # routed, not dialled
+    assert body["status_code"] == 500 and f"unknown model: '{target}' is not found" in body["error"]  # routed, not dialled
     status, body = await fetch("POST", url, json=movielens(), headers={"X-Amzn-SageMaker-Target-Model": "gnn"})
     assert body["status_code"] == 200
     assert canary.connections == 0

@@ -94,7 +94,7 @@ CASES: list[tuple[str, str, bytes, dict[str, str], int, str]] = [
      "has 1 BYTES elements but shape [2] needs 2"),
     ("binary size negative", IDENTITY, *_binary_body(_binary_input("FP32", [1], -4), b""), 400,
      "non-negative integer"),
-    ("unknown model", "/v2/models/nope/infer", _identity_json("FP32", [1], [1]), {}, 404, "model 'nope' is not found"),
+    ("unknown model", "/v2/models/nope/infer", _identity_json("FP32", [1], [1]), {}, 404, "model: 'nope' is not"),
     ("unknown version", "/v2/models/simple/versions/7/infer", _identity_json("FP32", [1], [1]), {}, 404,
      "version '7'"),
     ("unsupported encoding", SIMPLE, b"xx", {"Content-Encoding": "br"}, 501, "Content-Encoding 'br'"),

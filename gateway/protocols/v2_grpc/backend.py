@@ -17,10 +17,17 @@ from gateway.confignode import Node
 from gateway.errors import ErrorKind, GatewayError, malformed
 from gateway.protocols.base import UpstreamClient
 from gateway.protocols.upstream import parse_response_limit, reading_reply, response_limit
-from gateway.protocols.v2_grpc import codec
+from gateway.protocols.v2_grpc import codec, extensions
 from gateway.protocols.v2_grpc import messages as pb
 from gateway.tls import grpc_channel_credentials, grpc_channel_options
-from gateway.types import InferRequest, InferResponse, ModelMetadata, RequestContext
+from gateway.types import (
+    MODEL_CONFIG_OPERATION,
+    ExtensionRequest,
+    InferRequest,
+    InferResponse,
+    ModelMetadata,
+    RequestContext,
+)
 
 # Reconnect soon after an upstream comes back (grpc's default backoff grows to 120 s).
 _MAX_RECONNECT_BACKOFF_MS = 5000
@@ -104,3 +111,21 @@ class V2GrpcClient(UpstreamClient):
 
     async def server_ready(self, ctx: RequestContext) -> bool:
         return bool((await self._call("ServerReady", pb.ServerReadyRequest(), ctx)).ready)
+
+    async def list_models(self, ctx: RequestContext) -> list[str]:
+        """Triton's repository index, where the server offers it."""
+        try:
+            reply = await self._call("RepositoryIndex", pb.RepositoryIndexRequest(), ctx)
+        except GatewayError:
+            return []
+        return extensions.index_from_message(reply)
+
+    async def call_extension(self, operation: str, request: Any, ctx: RequestContext) -> Any:
+        """``model_config``: Triton's ``ModelConfig`` RPC; servers without it
+        answer UNIMPLEMENTED and the gateway synthesizes one."""
+        if operation != MODEL_CONFIG_OPERATION or not isinstance(request, ExtensionRequest):
+            return await super().call_extension(operation, request, ctx)
+        inner = request.request
+        reply = await self._call("ModelConfig", pb.ModelConfigRequest(name=inner.model_name,
+                                                                        version=inner.model_version), ctx)
+        return extensions.config_to_json(reply.config)

@@ -1,4 +1,5 @@
-"""V2 gRPC listener (grpc.aio): the six core RPCs, health and reflection.
+"""V2 gRPC listener (grpc.aio): the six core RPCs, Triton's extensions
+(served or refused with UNIMPLEMENTED and a reason), health and reflection.
 
 The service is registered through generic handlers with our private-pool
 message classes (see messages.py), so no generated servicer module is needed.
@@ -23,7 +24,9 @@ from grpc_reflection.v1alpha import reflection
 from gateway.auth import Authenticator
 from gateway.config import ListenerConfig
 from gateway.confignode import Node
-from gateway.errors import ErrorKind, GatewayError, malformed
+from gateway.errors import ErrorKind, GatewayError, malformed, unsupported
+from gateway.extensions import MODEL_CONFIGURATION, MODEL_REPOSITORY, STATISTICS
+from gateway.extensions.service import Extensions
 from gateway.observe import (
     OUTCOME_CANCELLED,
     TRACEPARENT_HEADER,
@@ -34,7 +37,7 @@ from gateway.observe import (
     finish_request,
 )
 from gateway.protocols.base import Frontend
-from gateway.protocols.v2_grpc import codec
+from gateway.protocols.v2_grpc import codec, extensions
 from gateway.protocols.v2_grpc import messages as pb
 from gateway.tls import ServerTls
 from gateway.types import RequestContext
@@ -106,6 +109,7 @@ class V2GrpcFrontend(Frontend):
     _port = 0
     _tls: ServerTls | None = None
     _authenticator: Authenticator | None = None
+    extensions: Extensions
 
     @classmethod
     def parse_options(cls, node: Node) -> GrpcListenerOptions:
@@ -126,11 +130,14 @@ class V2GrpcFrontend(Frontend):
             self._authenticator = Authenticator(self.listener.auth)
         interceptors = [ReflectionAuth(self._authenticator)] if self._authenticator is not None else []
         server = grpc.aio.server(options=server_options(limit, self.services.reuse_port), interceptors=interceptors)
+        self.extensions = Extensions(self.dataplane, self.services)
         handlers = {
             name: grpc.unary_unary_rpc_method_handler(
                 self._handler(name, request_class), response_serializer=pb.serializer(response_class))
             for name, (request_class, response_class) in pb.METHODS.items()
         }
+        for name in pb.STREAM_METHODS:  # refused, with the reason, after reading nothing
+            handlers[name] = grpc.stream_stream_rpc_method_handler(self._handler(name, None))
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(pb.SERVICE, handlers),))
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
@@ -166,18 +173,19 @@ class V2GrpcFrontend(Frontend):
 
     # --- plumbing --------------------------------------------------------------
 
-    def _handler(self, name: str, request_class: Any) -> Callable[[bytes, grpc.aio.ServicerContext], Awaitable[Any]]:
-        operation: Callable[[Any, RequestContext], Awaitable[Any]] = getattr(self, f"_{name}")
-        type_name = request_class.DESCRIPTOR.full_name
+    def _handler(self, name: str, request_class: Any) -> Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]:
+        """The method's handler; ``request_class`` None for a streaming one."""
+        operation: Callable[[Any, RequestContext], Awaitable[Any]] = getattr(self, f"_{name}", None) or _refuse(name)
+        type_name = request_class.DESCRIPTOR.full_name if request_class is not None else ""
         services = self.services
         in_flight = services.metrics.requests_in_flight(self.listener.name, PROTOCOL)
 
-        async def handle(data: bytes, context: grpc.aio.ServicerContext) -> Any:
+        async def handle(data: Any, context: grpc.aio.ServicerContext) -> Any:
             ctx = self._context(context)
             record = ctx.record
             record.operation, record.method, record.peer = name, "POST", context.peer() or ""
             record.path = f"/{pb.SERVICE}/{name}"
-            record.request_bytes = len(data)
+            record.request_bytes = len(data) if isinstance(data, bytes) else 0
             if services.tracing is not None:
                 services.tracing.start(ctx)
             in_flight.inc()
@@ -189,7 +197,7 @@ class V2GrpcFrontend(Frontend):
                     message: Any = data
                 else:
                     try:
-                        message = request_class.FromString(data)
+                        message = request_class.FromString(data) if request_class is not None else None
                     except DecodeError:
                         raise malformed(f"the request is not a valid {type_name} message") from None
                     self._adopt_message_id(ctx, str(getattr(message, "id", "")))
@@ -260,7 +268,7 @@ class V2GrpcFrontend(Frontend):
 
     async def _ServerMetadata(self, request: Any, ctx: RequestContext) -> Any:
         identity = self.services.identity
-        return codec.encode_server_metadata(identity.name, identity.version, [])
+        return codec.encode_server_metadata(identity.name, identity.version, list(self.extensions.served))
 
     async def _ModelMetadata(self, request: Any, ctx: RequestContext) -> Any:
         metadata = await self.dataplane.model_metadata(request.name, request.version, ctx)
@@ -271,8 +279,33 @@ class V2GrpcFrontend(Frontend):
         infer_request = codec.decode_infer_request(data, self.services.config.limits.max_tensor_elements)
         self._adopt_message_id(ctx, infer_request.id)
         ctx.record.decode_seconds = time.perf_counter() - started
-        response = await self.dataplane.infer(infer_request, ctx)
+        response = await self.extensions.infer(infer_request, ctx)
         started = time.perf_counter()
         reply = codec.encode_infer_response(response, typed=self.options.output_contents == "typed")
         ctx.record.encode_seconds = time.perf_counter() - started
         return reply
+
+    # --- Triton's extensions (the rest of the service is refused: _refuse) ---------
+
+    async def _ModelConfig(self, request: Any, ctx: RequestContext) -> Any:
+        self.extensions.require(MODEL_CONFIGURATION)
+        config = await self.extensions.model_config(request.name, request.version, ctx)
+        return pb.ModelConfigResponse(config=extensions.config_from_json(config))
+
+    async def _ModelStatistics(self, request: Any, ctx: RequestContext) -> Any:
+        self.extensions.require(STATISTICS)
+        return extensions.statistics_message(await self.extensions.statistics(request.name, request.version, ctx))
+
+    async def _RepositoryIndex(self, request: Any, ctx: RequestContext) -> Any:
+        self.extensions.require(MODEL_REPOSITORY)
+        return extensions.index_message(await self.extensions.repository_index(ctx, request.ready))
+
+
+def _refuse(name: str) -> Callable[[Any, RequestContext], Awaitable[Any]]:
+    """An RPC the gateway cannot honour: UNIMPLEMENTED naming the extension and why."""
+    reason = extensions.refusal_reason(name)
+
+    async def refuse(request: Any, ctx: RequestContext) -> Any:
+        raise unsupported(reason)
+
+    return refuse

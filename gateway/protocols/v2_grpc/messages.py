@@ -59,15 +59,26 @@ ModelInferResponse = _message("ModelInferResponse")
 InferParameter = _message("InferParameter")
 InferTensorContents = _message("InferTensorContents")
 
-# RPC name -> (request class, response class); the order of the service.
+ModelStreamInferResponse = _message("ModelStreamInferResponse")
+ModelConfig = _message("ModelConfig")
+ModelConfigRequest = _message("ModelConfigRequest")
+ModelConfigResponse = _message("ModelConfigResponse")
+ModelStatisticsResponse = _message("ModelStatisticsResponse")
+RepositoryIndexRequest = _message("RepositoryIndexRequest")
+RepositoryIndexResponse = _message("RepositoryIndexResponse")
+
+_SERVICE_DESCRIPTOR = POOL.FindServiceByName(SERVICE)
+
+# RPC name -> (request class, response class), in the order of the service:
+# the unary RPCs (the six core ones, then Triton's extensions) ...
 METHODS: Mapping[str, tuple[Any, Any]] = MappingProxyType({
-    "ServerLive": (ServerLiveRequest, ServerLiveResponse),
-    "ServerReady": (ServerReadyRequest, ServerReadyResponse),
-    "ModelReady": (ModelReadyRequest, ModelReadyResponse),
-    "ServerMetadata": (ServerMetadataRequest, ServerMetadataResponse),
-    "ModelMetadata": (ModelMetadataRequest, ModelMetadataResponse),
-    "ModelInfer": (ModelInferRequest, ModelInferResponse),
+    method.name: (message_factory.GetMessageClass(method.input_type),
+                  message_factory.GetMessageClass(method.output_type))
+    for method in _SERVICE_DESCRIPTOR.methods if not (method.client_streaming or method.server_streaming)
 })
+# ... and the streaming ones (ModelStreamInfer), answered UNIMPLEMENTED.
+STREAM_METHODS: tuple[str, ...] = tuple(
+    method.name for method in _SERVICE_DESCRIPTOR.methods if method.client_streaming or method.server_streaming)
 
 
 def method_path(name: str) -> str:

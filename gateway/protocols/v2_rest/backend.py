@@ -18,17 +18,26 @@ import aiohttp
 import orjson
 
 from gateway.confignode import Node
-from gateway.errors import ErrorKind, GatewayError
+from gateway.errors import ErrorKind, GatewayError, unsupported
 from gateway.protocols.base import UpstreamClient
 from gateway.protocols.upstream import parse_response_limit, reading_reply, response_limit, too_large_reply
 from gateway.protocols.v2_rest import codec
 from gateway.tls import HttpClientTls, http_client_tls
-from gateway.types import InferRequest, InferResponse, ModelMetadata, RequestContext
+from gateway.types import (
+    MODEL_CONFIG_OPERATION,
+    ExtensionRequest,
+    InferRequest,
+    InferResponse,
+    ModelMetadata,
+    RequestContext,
+)
 
 log = logging.getLogger(__name__)
 BINARY_EXTENSION = "binary_tensor_data"
 _REJECTS_BINARY = (400, 415, 422)  # how servers without the extension answer it
 _READ_CHUNK = 1 << 20
+# How servers without the model-configuration endpoint answer it.
+_NO_CONFIG_ENDPOINT = (404, 405, 501)
 # Idle pooled connections are dropped before common servers close them
 # (uvicorn, under MLServer and KServe, closes after 5 s): writing a request
 # onto a connection the server is closing fails mid-body.
@@ -203,3 +212,17 @@ class V2RestClient(UpstreamClient):
         if not isinstance(entries, list):
             return []
         return [e["name"] for e in entries if isinstance(e, dict) and isinstance(e.get("name"), str)]
+
+    async def call_extension(self, operation: str, request: Any, ctx: RequestContext) -> Any:
+        """``model_config``: Triton's ``GET .../config``; servers without it
+        (MLServer, KServe) leave the gateway to synthesize one."""
+        if operation != MODEL_CONFIG_OPERATION or not isinstance(request, ExtensionRequest):
+            return await super().call_extension(operation, request, ctx)
+        inner = request.request
+        reply = await self._send("GET", self._model_path(inner.model_name, inner.model_version) + "/config", ctx=ctx)
+        if reply.status in _NO_CONFIG_ENDPOINT:
+            raise unsupported(f"upstream {self.label} offers no model configuration (it answered {reply.status})")
+        if reply.status != 200:
+            raise self._error(reply)
+        with reading_reply(self.label):
+            return codec.load_json_object(reply.body, "the model configuration")

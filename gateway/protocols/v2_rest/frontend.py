@@ -1,4 +1,5 @@
-"""V2 REST listener (aiohttp): health, metadata, readiness and inference."""
+"""V2 REST listener (aiohttp): health, metadata, readiness and inference,
+plus Triton's extensions (v2_rest/extensions.py)."""
 
 from __future__ import annotations
 
@@ -8,15 +9,18 @@ from typing import Any
 from aiohttp import web
 
 from gateway.errors import ErrorKind, GatewayError
+from gateway.extensions import BINARY_TENSOR_DATA
+from gateway.extensions.service import Extensions
 from gateway.httpserver import REQUEST_ID_HEADER, HttpFrontend, error_middleware, read_body, request_context
-from gateway.protocols.v2_rest import codec
+from gateway.protocols.v2_rest import codec, extensions
 
 PROTOCOL = "v2-rest"
 
 MIN_COMPRESSED_BYTES = 1024
 
-# Extensions this listener really serves (server metadata must not lie).
-EXTENSIONS = ["binary_tensor_data"]
+# Always served here; the gateway's own extensions follow server.extensions
+# (server metadata lists exactly what the listener serves).
+EXTENSIONS = [BINARY_TENSOR_DATA]
 
 
 def error_response(error: GatewayError, status: int | None = None) -> web.Response:
@@ -35,21 +39,24 @@ class V2RestFrontend(HttpFrontend):
 
     def error_response(self, error: GatewayError, status: int | None) -> web.Response:
         return error_response(error, status)
+    extensions: Extensions
 
     def build_app(self) -> web.Application:
         app = self.new_app([v2_errors])
+        self.extensions = Extensions(self.dataplane, self.services)
         get, post = app.router.add_get, app.router.add_post
         get("/v2", self.server_metadata)
         get("/v2/", self.server_metadata)
         get("/v2/health/live", self.live)
         get("/v2/health/ready", self.ready)
+        extensions.add_routes(app.router, self)
         for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
             get(prefix, self.model_metadata)
             get(prefix + "/ready", self.model_ready)
             post(prefix + "/infer", self.infer)
         return app
 
-    def _ctx(self, request: web.Request) -> Any:
+    def context(self, request: web.Request) -> Any:
         return request_context(request, self.listener.name, PROTOCOL)
 
     @staticmethod
@@ -58,7 +65,8 @@ class V2RestFrontend(HttpFrontend):
 
     async def server_metadata(self, request: web.Request) -> web.Response:
         identity = self.services.identity
-        body = codec.encode_server_metadata(identity.name, identity.version, EXTENSIONS)
+        body = codec.encode_server_metadata(identity.name, identity.version,
+                                            [*EXTENSIONS, *self.extensions.served])
         return web.Response(body=body, content_type=codec.JSON_TYPE)
 
     async def live(self, request: web.Request) -> web.Response:
@@ -66,31 +74,31 @@ class V2RestFrontend(HttpFrontend):
 
     async def ready(self, request: web.Request) -> web.Response:
         # The OIP spec: 200 means true, a 4xx means false.
-        if await self.dataplane.server_ready(self._ctx(request)):
+        if await self.dataplane.server_ready(self.context(request)):
             return web.Response(status=200)
         return error_response(GatewayError(ErrorKind.MALFORMED_REQUEST, "server is not ready"))
 
     async def model_metadata(self, request: web.Request) -> web.Response:
         model, version = self._names(request)
-        metadata = await self.dataplane.model_metadata(model, version, self._ctx(request))
+        metadata = await self.dataplane.model_metadata(model, version, self.context(request))
         return web.Response(body=codec.encode_model_metadata(metadata), content_type=codec.JSON_TYPE)
 
     async def model_ready(self, request: web.Request) -> web.Response:
         model, version = self._names(request)
-        if await self.dataplane.model_ready(model, version, self._ctx(request)):
+        if await self.dataplane.model_ready(model, version, self.context(request)):
             return web.Response(status=200)
         return error_response(GatewayError(ErrorKind.MALFORMED_REQUEST, f"model '{model}' is not ready"))
 
     async def infer(self, request: web.Request) -> web.Response:
         model, version = self._names(request)
-        ctx = self._ctx(request)
+        ctx = self.context(request)
         body = await read_body(request, self.max_body)
         limits = self.services.config.limits
         started = time.perf_counter()
         infer_request = codec.decode_infer_request(
             body, request.headers.get(codec.HEADER_LENGTH), model, version, limits.max_tensor_elements)
         ctx.record.decode_seconds = time.perf_counter() - started
-        response = await self.dataplane.infer(infer_request, ctx)
+        response = await self.extensions.infer(infer_request, ctx)
         started = time.perf_counter()
         payload, headers = codec.encode_infer_response(response, infer_request)
         ctx.record.encode_seconds = time.perf_counter() - started

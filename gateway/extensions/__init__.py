@@ -1,0 +1,47 @@
+"""Triton's protocol extensions, served by the gateway for every upstream.
+
+The gateway answers these itself, from its own accounting and knowledge,
+whatever protocol the upstream speaks: statistics, model configuration,
+the repository index and classification outputs. Calls it cannot honour
+(shared memory, model loading, trace and log settings) are refused with a
+reason. See docs/triton-extensions.md.
+
+This module holds only names, so the configuration can import it cheaply.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+
+CLASSIFICATION = "classification"
+MODEL_CONFIGURATION = "model_configuration"
+MODEL_REPOSITORY = "model_repository"
+STATISTICS = "statistics"
+BINARY_TENSOR_DATA = "binary_tensor_data"  # a REST wire feature, always on there
+
+# What `server.extensions` may name; all are on by default.
+GATEWAY_EXTENSIONS = (CLASSIFICATION, MODEL_CONFIGURATION, MODEL_REPOSITORY, STATISTICS)
+
+# Why the gateway refuses the rest of Triton's API; every answer names the
+# extension, so a client's error says what is missing and why.
+REFUSALS: Mapping[str, str] = MappingProxyType({
+    "model_repository(load)": "model_repository: the gateway does not load or unload models; the upstream "
+                              "servers it routes to own their models (load or unload them there)",
+    "system_shared_memory": "system_shared_memory: the gateway cannot map a client's shared memory (it may run "
+                            "on another host and forwards tensors over the network); send tensor data in the "
+                            "request instead",
+    "cuda_shared_memory": "cuda_shared_memory: the gateway cannot map a client's CUDA memory (it may run on "
+                          "another host and forwards tensors over the network); send tensor data in the "
+                          "request instead",
+    "trace": "trace: the gateway does not take Triton trace settings; it traces with OpenTelemetry "
+             "(observability.tracing in its configuration)",
+    "logging": "logging: the gateway's log settings are fixed when it starts (gateway --log-level, "
+               "observability.access_log in its configuration)",
+    "streaming": "ModelStreamInfer: streaming inference is not offered (Triton and MLServer stream different "
+                 "messages under this name, so it cannot be bridged); use ModelInfer",
+})
+
+
+def turned_off(extension: str) -> str:
+    return f"{extension}: this extension is turned off in the gateway's configuration (server.extensions)"

@@ -1,0 +1,121 @@
+"""The extensions as one service the V2 listeners share: REST and gRPC only
+encode what this answers, so the two cannot drift apart."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from gateway.errors import ErrorKind, GatewayError, unsupported
+from gateway.extensions import CLASSIFICATION, GATEWAY_EXTENSIONS, turned_off
+from gateway.extensions import classification as classes
+from gateway.extensions.context import side_context
+from gateway.extensions.labels import LabelCache
+from gateway.extensions.modelconfig import max_batch_size, synthesize
+from gateway.extensions.repository import IndexEntry, repository_index
+from gateway.extensions.statistics import ModelStatistics
+from gateway.protocols.umbridge.cache import TtlCache
+from gateway.types import MODEL_CONFIG_OPERATION, InferRequest, InferResponse, RequestContext, Tensor
+
+log = logging.getLogger(__name__)
+# How long a model's configuration is reused to decide how classification
+# treats its batch dimension.
+CONFIG_TTL = 60.0
+# Asking an upstream for a configuration it does not keep ends in one of these.
+_NO_CONFIG = (ErrorKind.UNSUPPORTED, ErrorKind.MODEL_NOT_FOUND)
+
+
+class Extensions:
+    """Extensions of one listener: those it can offer (``offered``; both V2
+    listeners offer all) that the configuration turns on (``server.extensions``)
+    are ``served``."""
+
+    def __init__(self, dataplane: Any, services: Any, offered: Sequence[str] = GATEWAY_EXTENSIONS) -> None:
+        self.dataplane = dataplane
+        self.services = services
+        enabled = services.identity.extensions
+        self.served: tuple[str, ...] = tuple(name for name in offered if name in enabled)
+        self._configs: TtlCache[dict[str, Any]] = TtlCache(CONFIG_TTL)
+        self._labels = LabelCache()
+
+    def require(self, extension: str) -> None:
+        if extension not in self.served:
+            raise unsupported(turned_off(extension))
+
+    # --- inference with classification --------------------------------------
+
+    async def infer(self, request: InferRequest, ctx: RequestContext) -> InferResponse:
+        """``dataplane.infer``, plus classification outputs when asked for
+        (when classification is turned off, the parameter goes upstream)."""
+        wanted = classes.requested(request) if CLASSIFICATION in self.served else {}
+        if not wanted:
+            return await self.dataplane.infer(request, ctx)
+        response = await self.dataplane.infer(classes.without_parameter(request), ctx)
+        batched = await self._batches(request.model_name, request.model_version, ctx, response.outputs)
+        labels = self.dataplane.config.classification
+        outputs = []
+        for tensor in response.outputs:
+            count = wanted.get(tensor.name)
+            if count is None:
+                outputs.append(tensor)
+                continue
+            label_file = labels.label_file(request.model_name, tensor.name)
+            names = self._labels.get(label_file) if label_file else ()
+            outputs.append(classes.classify(tensor, count, batched, names))
+        response.outputs = outputs
+        return response
+
+    async def _batches(self, model: str, version: str, ctx: RequestContext, outputs: list[Tensor]) -> bool:
+        """Whether the model's first dimension is a batch, from its config;
+        when that cannot be had, whether every output has two or more dims."""
+        try:
+            config = await self._configs.get((ctx.listener, model, version),
+                                             lambda: self.model_config(model, version, side_context(ctx)))
+        except GatewayError as error:
+            log.info("no configuration for model %r (%s); classifying by output shape", model, error.message)
+            return all(len(t.shape) >= 2 for t in outputs)
+        return max_batch_size(config) > 0
+
+    # --- model configuration ----------------------------------------------------
+
+    async def model_config(self, model: str, version: str, ctx: RequestContext) -> dict[str, Any]:
+        """The upstream's configuration if it keeps one, else one written
+        from the model metadata (marked ``synthesized``)."""
+        try:
+            config = await self.dataplane.call_extension(MODEL_CONFIG_OPERATION, InferRequest(model, version), ctx)
+        except GatewayError as error:
+            if error.kind not in _NO_CONFIG:
+                raise
+        else:
+            if not isinstance(config, dict):
+                raise GatewayError(ErrorKind.INTERNAL, f"model configuration of '{model}' is not an object")
+            return {**config, "name": model}
+        metadata = await self.dataplane.model_metadata(model, version, ctx)
+        return synthesize(model, metadata, self.dataplane.config.classification)
+
+    # --- statistics ----------------------------------------------------------
+
+    async def statistics(self, model: str, version: str, ctx: RequestContext) -> list[ModelStatistics]:
+        """The gateway's statistics of ``model`` (all when empty). A model no
+        request has used yet gets zeros if its route and upstream know it."""
+        store = self.services.statistics
+        found: list[ModelStatistics] = store.snapshot(model, version)
+        if not model:
+            seen = {s.name for s in found}
+            found += [ModelStatistics(name, "") for name in self.dataplane.routes.explicit_models(ctx.listener)
+                      if name not in seen]
+            return sorted(found, key=lambda s: (s.name, s.version))
+        if not found:
+            try:
+                await self.dataplane.model_ready(model, version, side_context(ctx))
+            except GatewayError as error:
+                if error.kind is ErrorKind.MODEL_NOT_FOUND:
+                    raise
+            found = [ModelStatistics(model, version)]
+        return found
+
+    # --- repository ------------------------------------------------------------
+
+    async def repository_index(self, ctx: RequestContext, ready_only: bool) -> list[IndexEntry]:
+        return await repository_index(self.dataplane, ctx, ready_only)

@@ -1,0 +1,136 @@
+"""Triton's extensions on the V2 REST listener: routes, and the JSON shapes
+Triton's HTTP server answers with (what tritonclient.http parses).
+
+Served: statistics (``GET /v2/models[/{m}[/versions/{v}]]/stats``), model
+configuration (``GET .../config``) and the repository index (``POST
+/v2/repository/index``). Refused with 501 and a reason: model load/unload,
+shared memory, trace and log settings (see gateway.extensions.REFUSALS).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from aiohttp import web
+
+from gateway.errors import malformed, unsupported
+from gateway.extensions import MODEL_CONFIGURATION, MODEL_REPOSITORY, REFUSALS, STATISTICS
+from gateway.extensions.repository import IndexEntry
+from gateway.extensions.statistics import Duration, ModelStatistics
+from gateway.httpserver import read_body
+from gateway.protocols.v2_rest.codec import JSON_TYPE, load_json_object
+
+if TYPE_CHECKING:
+    from gateway.protocols.v2_rest.frontend import V2RestFrontend
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+# --- JSON shapes ---------------------------------------------------------------
+
+
+def _duration(d: Duration) -> dict[str, int]:
+    return {"count": d.count, "ns": d.ns}
+
+
+def statistics_json(found: list[ModelStatistics]) -> dict[str, Any]:
+    return {"model_stats": [{
+        "name": s.name,
+        "version": s.version,
+        "last_inference": s.last_inference_ms,
+        "inference_count": s.inference_count,
+        "execution_count": s.execution_count,
+        "inference_stats": {
+            "success": _duration(s.success), "fail": _duration(s.fail), "queue": _duration(s.queue),
+            "compute_input": _duration(s.compute_input), "compute_infer": _duration(s.compute_infer),
+            "compute_output": _duration(s.compute_output),
+            "cache_hit": {"count": 0, "ns": 0}, "cache_miss": {"count": 0, "ns": 0},  # no response cache
+        },
+        "response_stats": {},
+        "batch_stats": [{
+            "batch_size": b.batch_size, "compute_input": _duration(b.compute_input),
+            "compute_infer": _duration(b.compute_infer), "compute_output": _duration(b.compute_output),
+        } for b in s.batches.values()],
+        "memory_usage": [],
+    } for s in found]}
+
+
+def index_json(entries: list[IndexEntry]) -> list[dict[str, str]]:
+    out = []
+    for entry in entries:
+        item = {"name": entry.name, "state": entry.state, "reason": entry.reason}
+        if entry.version:
+            item["version"] = entry.version
+        out.append(item)
+    return out
+
+
+def parse_index_request(body: bytes) -> bool:
+    """``ready`` of a repository-index request; the body may be empty
+    (tritonclient.http sends none)."""
+    if not body.strip():
+        return False
+    request = load_json_object(body, "the repository index request")
+    ready = request.get("ready", False)
+    if not isinstance(ready, bool):
+        raise malformed("the repository index request: 'ready' must be a boolean")
+    return ready
+
+
+def _json(value: Any) -> web.Response:
+    return web.Response(body=orjson.dumps(value), content_type=JSON_TYPE)
+
+
+# --- routes -------------------------------------------------------------------
+
+
+def add_routes(router: web.UrlDispatcher, frontend: V2RestFrontend) -> None:
+    """Register before the model routes: ``GET /v2/models/stats`` must win
+    over ``GET /v2/models/{model}``, as on Triton."""
+    handlers = RestExtensionHandlers(frontend)
+    router.add_get("/v2/models/stats", handlers.model_statistics)
+    for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
+        router.add_get(prefix + "/stats", handlers.model_statistics)
+        router.add_get(prefix + "/config", handlers.model_config)
+    router.add_post("/v2/repository/index", handlers.repository_index)
+    refusals = {
+        "/v2/repository/models/{model}/{action:load|unload}": "model_repository(load)",
+        "/v2/systemsharedmemory{tail:(/.*)?}": "system_shared_memory",
+        "/v2/cudasharedmemory{tail:(/.*)?}": "cuda_shared_memory",
+        "/v2/trace/setting": "trace",
+        "/v2/models/{model}/trace/setting": "trace",
+        "/v2/logging": "logging",
+    }
+    for path, extension in refusals.items():
+        router.add_route("*", path, refusal(REFUSALS[extension]))
+
+
+def refusal(reason: str) -> Handler:
+    async def unsupported_extension(request: web.Request) -> web.StreamResponse:
+        raise unsupported(reason)
+
+    return unsupported_extension
+
+
+class RestExtensionHandlers:
+    def __init__(self, frontend: V2RestFrontend) -> None:
+        self.frontend = frontend
+        self.extensions = frontend.extensions
+
+    async def model_statistics(self, request: web.Request) -> web.Response:
+        self.extensions.require(STATISTICS)
+        model, version = request.match_info.get("model", ""), request.match_info.get("version", "")
+        found = await self.extensions.statistics(model, version, self.frontend.context(request))
+        return _json(statistics_json(found))
+
+    async def model_config(self, request: web.Request) -> web.Response:
+        self.extensions.require(MODEL_CONFIGURATION)
+        model, version = request.match_info["model"], request.match_info.get("version", "")
+        return _json(await self.extensions.model_config(model, version, self.frontend.context(request)))
+
+    async def repository_index(self, request: web.Request) -> web.Response:
+        self.extensions.require(MODEL_REPOSITORY)
+        ready = parse_index_request(await read_body(request, self.frontend.max_body))
+        return _json(index_json(await self.extensions.repository_index(self.frontend.context(request), ready)))
