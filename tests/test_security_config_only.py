@@ -161,7 +161,8 @@ async def test_graphstorm_target_model_header_cannot_redirect(setup: tuple[InPro
         assert status == 200 and body["status_code"] == 400 and message in body["error"], body
     status, body = await fetch("POST", url, json=movielens(),
                                headers={"X-Amzn-SageMaker-Target-Model": target, "Host": target})
-    assert body["status_code"] == 500 and f"unknown model: '{target}' is not found" in body["error"]  # routed, not dialled
+    # routed, not dialled
+    assert body["status_code"] == 500 and f"unknown model: '{target}' is not found" in body["error"]
     status, body = await fetch("POST", url, json=movielens(), headers={"X-Amzn-SageMaker-Target-Model": "gnn"})
     assert body["status_code"] == 200
     assert canary.connections == 0

@@ -337,7 +337,7 @@ def decode_tensors(items: Any, binary: memoryview, where: str, max_elements: int
     return tensors
 
 
-def split_body(body: bytes, header_length: str | None) -> tuple[memoryview, memoryview]:
+def split_body(body: bytes | bytearray, header_length: str | None) -> tuple[memoryview, memoryview]:
     """JSON head and binary tail, per ``Inference-Header-Content-Length``."""
     view = memoryview(body)
     if header_length is None:
@@ -351,7 +351,7 @@ def split_body(body: bytes, header_length: str | None) -> tuple[memoryview, memo
     return view[:length], view[length:]
 
 
-def decode_infer_request(body: bytes, header_length: str | None, model: str, version: str,
+def decode_infer_request(body: bytes | bytearray, header_length: str | None, model: str, version: str,
                          max_elements: int) -> InferRequest:
     head, binary = split_body(body, header_length)
     obj = load_json_object(head, "the request")
@@ -395,15 +395,19 @@ def encode_tensors(tensors: Iterable[Tensor], binary_flags: Iterable[bool]) -> t
     return heads, chunks
 
 
-def join_body(head: dict[str, Any], chunks: list[Any]) -> tuple[bytes, dict[str, str]]:
-    """Body and headers: plain JSON, or JSON head + binary tail."""
+def body_parts(head: dict[str, Any], chunks: list[Any]) -> tuple[list[Any], dict[str, str]]:
+    """The body as its parts (JSON head, then each binary tensor as a view of
+    its array, uncopied) and the headers: plain JSON, or head + binary tail."""
     head_bytes = orjson.dumps(head, option=_JSON_OPTIONS)
     if not chunks:
-        return head_bytes, {"Content-Type": JSON_TYPE}
-    return b"".join([head_bytes, *chunks]), {
-        "Content-Type": BINARY_TYPE,
-        HEADER_LENGTH: str(len(head_bytes)),
-    }
+        return [head_bytes], {"Content-Type": JSON_TYPE}
+    return [head_bytes, *chunks], {"Content-Type": BINARY_TYPE, HEADER_LENGTH: str(len(head_bytes))}
+
+
+def join_body(head: dict[str, Any], chunks: list[Any]) -> tuple[bytes, dict[str, str]]:
+    """Body and headers: plain JSON, or JSON head + binary tail."""
+    parts, headers = body_parts(head, chunks)
+    return parts[0] if len(parts) == 1 else b"".join(parts), headers
 
 
 def output_binary_flags(response: InferResponse, request: InferRequest) -> list[bool]:
@@ -419,6 +423,12 @@ def output_binary_flags(response: InferResponse, request: InferRequest) -> list[
 
 
 def encode_infer_response(response: InferResponse, request: InferRequest) -> tuple[bytes, dict[str, str]]:
+    parts, headers = encode_infer_response_parts(response, request)
+    return parts[0] if len(parts) == 1 else b"".join(parts), headers
+
+
+def encode_infer_response_parts(response: InferResponse, request: InferRequest) -> tuple[list[Any], dict[str, str]]:
+    """:func:`encode_infer_response` as body parts (see :func:`body_parts`)."""
     heads, chunks = encode_tensors(response.outputs, output_binary_flags(response, request))
     head: dict[str, Any] = {"model_name": response.model_name, "model_version": response.model_version}
     if response.id:
@@ -427,7 +437,7 @@ def encode_infer_response(response: InferResponse, request: InferRequest) -> tup
     if parameters:
         head["parameters"] = parameters
     head["outputs"] = heads
-    return join_body(head, chunks)
+    return body_parts(head, chunks)
 
 
 def encode_infer_request(request: InferRequest, binary: bool) -> tuple[bytes, dict[str, str]]:

@@ -11,12 +11,20 @@ from aiohttp import web
 from gateway.errors import ErrorKind, GatewayError
 from gateway.extensions import BINARY_TENSOR_DATA
 from gateway.extensions.service import Extensions
-from gateway.httpserver import REQUEST_ID_HEADER, HttpFrontend, error_middleware, read_body, request_context
+from gateway.httpserver import (
+    REQUEST_ID_HEADER,
+    HttpFrontend,
+    error_middleware,
+    read_tensor_body,
+    request_context,
+)
 from gateway.protocols.v2_rest import codec, extensions
 
 PROTOCOL = "v2-rest"
 
 MIN_COMPRESSED_BYTES = 1024
+# Binary answers from this size on are streamed part by part (see _stream).
+STREAM_MIN_BYTES = 1 << 20
 
 # Always served here; the gateway's own extensions follow server.extensions
 # (server metadata lists exactly what the listener serves).
@@ -89,27 +97,55 @@ class V2RestFrontend(HttpFrontend):
             return web.Response(status=200)
         return error_response(GatewayError(ErrorKind.MALFORMED_REQUEST, f"model '{model}' is not ready"))
 
-    async def infer(self, request: web.Request) -> web.Response:
+    async def infer(self, request: web.Request) -> web.StreamResponse:
         model, version = self._names(request)
         ctx = self.context(request)
-        body = await read_body(request, self.max_body)
+        body = await read_tensor_body(request, self.max_body)
         limits = self.services.config.limits
         started = time.perf_counter()
         infer_request = codec.decode_infer_request(
             body, request.headers.get(codec.HEADER_LENGTH), model, version, limits.max_tensor_elements)
         ctx.record.decode_seconds = time.perf_counter() - started
         response = await self.extensions.infer(infer_request, ctx)
+        # The inputs (views of the body) are done with: let them go before the
+        # answer is built, so a big request and its answer do not overlap.
+        infer_request.inputs = []
+        del body
         started = time.perf_counter()
-        payload, headers = codec.encode_infer_response(response, infer_request)
+        parts, headers = codec.encode_infer_response_parts(response, infer_request)
         ctx.record.encode_seconds = time.perf_counter() - started
         headers[REQUEST_ID_HEADER] = ctx.request_id
-        reply = web.Response(body=payload, headers=headers)
-        # Many HTTP clients (requests, curl --compressed) accept gzip by
-        # default; below this size compressing costs more than it saves.
-        if len(payload) >= MIN_COMPRESSED_BYTES:
-            accepted = request.headers.get("Accept-Encoding", "").lower()
-            if "gzip" in accepted:
-                reply.enable_compression(web.ContentCoding.gzip)
-            elif "deflate" in accepted:
-                reply.enable_compression(web.ContentCoding.deflate)
+        size = sum(memoryview(part).nbytes for part in parts)
+        coding = _compression(request, size)
+        if coding is None and len(parts) > 1 and size >= STREAM_MIN_BYTES:
+            return await _stream(request, parts, headers, size)
+        reply = web.Response(body=parts[0] if len(parts) == 1 else b"".join(parts), headers=headers)
+        if coding is not None:
+            reply.enable_compression(coding)
         return reply
+
+
+def _compression(request: web.Request, size: int) -> web.ContentCoding | None:
+    """The coding the client accepts, if the answer is worth compressing:
+    many HTTP clients (requests, curl --compressed) accept gzip by default,
+    and below MIN_COMPRESSED_BYTES compressing costs more than it saves."""
+    if size < MIN_COMPRESSED_BYTES:
+        return None
+    accepted = request.headers.get("Accept-Encoding", "").lower()
+    if "gzip" in accepted:
+        return web.ContentCoding.gzip
+    if "deflate" in accepted:
+        return web.ContentCoding.deflate
+    return None
+
+
+async def _stream(request: web.Request, parts: list[Any], headers: dict[str, str], size: int) -> web.StreamResponse:
+    """A binary answer written part by part, each tensor straight from its
+    array, instead of first joined into one more copy of the whole answer."""
+    reply = web.StreamResponse(headers=headers)
+    reply.content_length = size
+    await reply.prepare(request)
+    for part in parts:
+        await reply.write(part)
+    await reply.write_eof()
+    return reply
