@@ -19,8 +19,9 @@ import orjson
 from aiohttp import web
 
 from gateway.confignode import Node
-from gateway.errors import GatewayError
-from gateway.httpserver import REQUEST_ID_HEADER, HttpFrontend, read_body, request_context
+from gateway.errors import ErrorKind, GatewayError
+from gateway.httpserver import REQUEST_ID_HEADER, HttpFrontend, request_context
+from gateway.limits import check_json_depth
 from gateway.protocols.graphstorm import codec, status
 from gateway.protocols.graphstorm.graph import (
     CONTRACT,
@@ -37,6 +38,8 @@ log = logging.getLogger(__name__)
 PROTOCOL = "graphstorm"
 DEFAULT_MODEL = "gnn"
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+# HTTP status of refusals made before an invocation is read (see render_error).
+_HTTP_STATUS_OF_KIND = {ErrorKind.OVERLOADED: 429}
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +124,13 @@ class GraphStormFrontend(HttpFrontend):
         options = self.listener.options
         return options if isinstance(options, ListenerOptions) else ListenerOptions()
 
+    probe_paths = frozenset({"/ping"})
+
+    def render_error(self, error: GatewayError, status: int | None) -> web.StreamResponse:
+        """Refusals before GraphStorm's handler (overload, malformed HTTP)
+        carry their HTTP status as well as the envelope's status_code."""
+        return json_response(codec.encode_error(error, ""), status or _HTTP_STATUS_OF_KIND.get(error.kind, 200))
+
     def build_app(self) -> web.Application:
         app = self.new_app([envelope_errors])
         app.router.add_post("/invocations", self.invocations)
@@ -139,8 +149,9 @@ class GraphStormFrontend(HttpFrontend):
         try:
             codec.check_content_type(request.headers.get("Content-Type"))
             try:
-                body = await read_body(request, self.max_body)
-            except GatewayError as exc:  # too large, bad Content-Encoding: a request format error
+                body = await self.read_body(request)
+                check_json_depth(body, self.services.config.limits.max_json_depth, "the body")
+            except GatewayError as exc:  # too large, too deep, slow, bad Content-Encoding: a request format error
                 raise GraphStormError(status.JSON_FORMAT, exc.kind, exc.message) from None
             with gc_paused():
                 payload = codec.parse_json(body)

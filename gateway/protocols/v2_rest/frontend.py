@@ -8,7 +8,7 @@ from typing import Any
 from aiohttp import web
 
 from gateway.errors import ErrorKind, GatewayError
-from gateway.httpserver import REQUEST_ID_HEADER, HttpFrontend, error_middleware, read_body, request_context
+from gateway.httpserver import REQUEST_ID_HEADER, HttpFrontend, error_middleware, request_context
 from gateway.protocols.v2_rest import codec
 
 PROTOCOL = "v2-rest"
@@ -29,6 +29,11 @@ v2_errors = error_middleware(
 
 
 class V2RestFrontend(HttpFrontend):
+    probe_paths = frozenset({"/v2/health/live", "/v2/health/ready"})
+
+    def render_error(self, error: GatewayError, status: int | None) -> web.StreamResponse:
+        return error_response(error, status)
+
     def build_app(self) -> web.Application:
         app = self.new_app([v2_errors])
         get, post = app.router.add_get, app.router.add_post
@@ -77,11 +82,11 @@ class V2RestFrontend(HttpFrontend):
     async def infer(self, request: web.Request) -> web.Response:
         model, version = self._names(request)
         ctx = self._ctx(request)
-        body = await read_body(request, self.max_body)
+        body = await self.read_body(request)
         limits = self.services.config.limits
         started = time.perf_counter()
         infer_request = codec.decode_infer_request(
-            body, request.headers.get(codec.HEADER_LENGTH), model, version, limits.max_tensor_elements)
+            body, request.headers.get(codec.HEADER_LENGTH), model, version, limits.max_tensor_elements, limits)
         ctx.record.decode_seconds = time.perf_counter() - started
         response = await self.dataplane.infer(infer_request, ctx)
         started = time.perf_counter()
