@@ -32,6 +32,7 @@ from gateway.types import RequestContext
 
 log = logging.getLogger(__name__)
 _DECOMPRESS_CHUNK = 1 << 20
+_LINGERING_TIME = 10.0  # aiohttp's default
 
 
 def decompress(body: bytes, encoding: str, limit: int) -> bytes:
@@ -407,6 +408,9 @@ class HttpFrontend(Frontend):
         self._runner = web.AppRunner(self.build_app(), handle_signals=False, auto_decompress=False,
                                      access_log=log, access_log_class=access_logger_class(self.services),
                                      keepalive_timeout=limits.idle_timeout,
+                                     # After an early answer (413, 408), an unread body is read and
+                                     # dropped this long so the client sees the answer, then closed.
+                                     lingering_time=min(_LINGERING_TIME, limits.body_timeout),
                                      max_line_size=limits.max_header_line_bytes,
                                      max_field_size=limits.max_header_line_bytes, max_headers=limits.max_headers)
         await self._runner.setup()

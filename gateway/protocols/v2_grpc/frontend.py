@@ -68,8 +68,9 @@ def server_options(max_message_bytes: int, reuse_port: bool = False, limits: Lim
             ("grpc.max_metadata_size", limits.max_grpc_metadata_bytes),
             ("grpc.absolute_max_metadata_size", limits.max_grpc_metadata_bytes),
             # grpc closes connections past this at once (the client sees UNAVAILABLE).
+            # Streams per connection stay unbounded on purpose: an HTTP/2 limit would
+            # make clients queue calls; the handler refuses them instead.
             ("grpc.max_allowed_incoming_connections", limits.max_connections),
-            ("grpc.max_concurrent_streams", limits.max_concurrent_requests),
             # A connection must finish its HTTP/2 handshake, and may then stay idle, this long.
             ("grpc.server_handshake_timeout_ms", idle_ms),
             ("grpc.max_connection_idle_ms", idle_ms),
