@@ -431,7 +431,8 @@ async def test_concurrent_requests_past_the_limit_are_refused_at_once(gateway: I
         await asyncio.gather(*hung, return_exceptions=True)
     # Slots free up when the upstream calls end (aiohttp lets a handler run
     # on after its client leaves); fresh clients are served again.
-    await _until(lambda: gateway.gateway.frontends["rest"].guard.requests == 0)  # type: ignore[attr-defined]
+    await _until(lambda: all(gateway.gateway.frontends[n].guard.requests == 0  # type: ignore[attr-defined]
+                             for n in ("rest", "umb", "gs")))
     async with aiohttp.ClientSession() as session:
         await assert_rest_serves(session, gateway)
         status, reply = await post_json(session, base(gateway, "umb") + "/Evaluate", orjson.dumps(GOOD_UMBRIDGE))
