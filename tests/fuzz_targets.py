@@ -12,6 +12,7 @@ tests/test_fuzz.py fails on). ``seeds(target)`` gives valid starting inputs.
 
 from __future__ import annotations
 
+import json
 import struct
 import sys
 from collections.abc import Callable
@@ -72,18 +73,13 @@ def umbridge_call(data: bytes) -> None:
             pass
 
 
-_SCHEMA = None
+SCHEMA = parse_schema(json.loads((DATA / "movielens_gconstruct_runtime.json").read_text()), "movielens", [])
 
 
 def graphstorm_invocation(data: bytes) -> None:
-    global _SCHEMA  # noqa: PLW0603 - built once per fuzzing process
-    if _SCHEMA is None:
-        import json
-
-        _SCHEMA = parse_schema(json.loads((DATA / "movielens_gconstruct_runtime.json").read_text()), "movielens", [])
     check_json_depth(data, LIMITS.max_json_depth, "the body")
     payload = graphstorm.parse_json(data)
-    for schema in (_SCHEMA, None):
+    for schema in (SCHEMA, None):
         try:
             invocation = graphstorm.decode_invocation(payload, schema, NODE_TASKS + EDGE_TASKS)
         except GatewayError:
