@@ -119,7 +119,10 @@ def error_middleware(respond: Callable[[GatewayError, int | None], web.StreamRes
             message = {404: f"no such endpoint: {request.method} {request.path[:200]}",
                        405: f"method {request.method} is not allowed on {request.path[:200]}"}.get(
                 exc.status, exc.reason)
-            return respond(GatewayError(kind, message), exc.status)
+            response = respond(GatewayError(kind, message), exc.status)
+            if "Allow" in exc.headers:  # a 405 names the methods allowed (RFC 9110)
+                response.headers["Allow"] = exc.headers["Allow"]
+            return response
         except Exception:
             log.exception("unhandled error on %s %s", request.method, request.path)
             internal = GatewayError(ErrorKind.INTERNAL, "internal error")

@@ -98,7 +98,10 @@ async def envelope_errors(request: web.Request, handler: Handler) -> web.StreamR
         if exc.status < 400:
             raise
         message = f"{request.method} {request.path[:200]} is not served; use POST /invocations or GET /ping"
-        return json_response(codec.encode_envelope(exc.status, "", error=message), exc.status)
+        response = json_response(codec.encode_envelope(exc.status, "", error=message), exc.status)
+        if "Allow" in exc.headers:  # a 405 names the methods allowed (RFC 9110)
+            response.headers["Allow"] = exc.headers["Allow"]
+        return response
     except Exception:
         log.exception("unhandled error on %s %s", request.method, request.path)
         return json_response(codec.encode_error(status.internal("unexpected gateway error"), ""))
