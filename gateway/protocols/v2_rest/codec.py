@@ -208,6 +208,9 @@ def _uint64_from_json(data: list[Any], shape: tuple[int, ...], where: str) -> np
     flat: list[Any] = []
     _flatten(data, flat)
     if not all(type(item) is int for item in flat):
+        # orjson reads integers past 2**64 as floats: name the real problem
+        if all(type(item) is int or (type(item) is float and item >= 2.0 ** 64) for item in flat):
+            raise invalid(f"{where}: a value is out of range for UINT64")
         raise invalid(f"{where}: UINT64 data must be integers")
     try:
         return np.array(flat, dtype=np.uint64)
