@@ -444,3 +444,34 @@ async def _until(predicate: Any, timeout: float = 5.0) -> None:
     while not predicate():
         assert time.monotonic() < deadline, "condition not reached in time"
         await asyncio.sleep(0.02)
+
+
+def test_deep_bytes_data_decodes_without_recursion() -> None:
+    """Nested BYTES data is flattened without recursion: a depth near
+    orjson's own bound (1024) once raised RecursionError, a 500."""
+    from gateway.protocols.v2_rest import codec
+
+    body = (b'{"inputs": [{"name": "a", "datatype": "BYTES", "shape": [1], "data": ' + b"[" * 1000 + b'"x"'
+            + b"]" * 1000 + b"}]}")
+    (decoded,) = codec.decode_infer_request(body, None, "m", "", 10).inputs
+    assert list(decoded.data) == [b"x"]
+
+
+def test_limits_config_defaults_and_problems() -> None:
+    from gateway.config import Limits, parse_config
+    from gateway.confignode import ConfigError
+
+    base = {"listeners": [], "upstreams": [], "routes": []}
+    limits = parse_config({**base, "limits": {"max_bytes_element": "2KiB", "body_timeout": "500ms"}}).limits
+    assert (limits.max_bytes_element, limits.body_timeout) == (2048, 0.5)
+    assert limits.max_concurrent_requests == Limits().max_concurrent_requests == 256
+    with pytest.raises(ConfigError) as info:
+        parse_config({**base, "limits": {"max_json_depth": 300, "idle_timeout": 0, "max_connections": 0,
+                                         "max_header_line_bytes": 10, "max_headrs": 5}})
+    assert set(info.value.problems) == {
+        "limits.max_json_depth: must be at most 254 (deeper JSON cannot be written back)",
+        "limits.idle_timeout: must be more than 0",
+        "limits.max_connections: must be at least 1, got 0",
+        "limits.max_header_line_bytes: must be at least 256",
+        "limits.max_headrs: unknown key",
+    }
