@@ -89,6 +89,7 @@ class TensorBudget:
 # Byte -> 1 for the characters that matter to nesting: brackets, quotes, backslashes.
 _STRUCTURAL = np.zeros(256, dtype=np.bool_)
 _STRUCTURAL[list(b'[]{}"\\')] = True
+_STRUCTURAL.flags.writeable = False  # a constant table
 _OPEN = np.frombuffer(b"[{", dtype=np.uint8)
 _CLOSE = np.frombuffer(b"]}", dtype=np.uint8)
 _QUOTE, _BACKSLASH = ord('"'), ord("\\")

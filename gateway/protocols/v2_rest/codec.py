@@ -361,7 +361,8 @@ def decode_infer_request(body: bytes, header_length: str | None, model: str, ver
     request-wide tensor budget and the JSON nesting bound."""
     head, binary = split_body(body, header_length)
     if limits is not None:
-        check_json_depth(head, limits.max_json_depth, "the request")
+        # a binary request's head is small; a JSON one is the whole body (no copy)
+        check_json_depth(body if header_length is None else head, limits.max_json_depth, "the request")
     obj = load_json_object(head, "the request")
     request_id = _optional(obj, "id", str, "request", "")
     parameters = dict(_optional(obj, "parameters", dict, "request", {}))
