@@ -12,6 +12,8 @@ from typing import Any
 
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
+from aiohttp.http_exceptions import BadHttpMessage, LineTooLong
+from aiohttp.web_protocol import RequestHandler
 
 from gateway.auth import Authenticator
 from gateway.config import ListenerConfig
@@ -33,6 +35,7 @@ from gateway.types import RequestContext
 
 log = logging.getLogger(__name__)
 _DECOMPRESS_CHUNK = 1 << 20
+_LINGERING_TIME = 10.0  # aiohttp's default
 
 
 def decompress(body: bytes, encoding: str, limit: int) -> bytes:
@@ -61,8 +64,26 @@ def decompress(body: bytes, encoding: str, limit: int) -> bytes:
     return bytes(out)
 
 
-async def read_body(request: web.Request, limit: int) -> bytes:
-    """The (decompressed) request body; TOO_LARGE past ``limit`` bytes."""
+class HttpStatusError(GatewayError):
+    """A failure whose HTTP status is not its kind's (408, 431); protocols
+    without HTTP statuses of their own encode it by its kind."""
+
+    def __init__(self, kind: ErrorKind, message: str, http_status: int) -> None:
+        super().__init__(kind, message)
+        self.http_status = http_status
+
+
+# Set on a request whose body was abandoned: its connection must close.
+_ABANDONED = web.RequestKey("gateway_body_abandoned", bool)
+
+
+async def read_body(request: web.Request, limit: int, timeout: float | None = None) -> bytes | bytearray:
+    """The (decompressed) request body; TOO_LARGE past ``limit`` bytes,
+    MALFORMED (HTTP 408) when it has not fully arrived within ``timeout`` s.
+
+    With a Content-Length and no compression the body goes straight into one
+    buffer of that size: a 64 MiB request occupies 64 MiB, not twice that
+    while aiohttp joins its chunks, and it is not kept on the request."""
     declared = request.content_length
     if declared is not None and declared > limit:
         raise too_large(f"request body of {declared} bytes exceeds the limit of {limit} bytes")
@@ -70,34 +91,33 @@ async def read_body(request: web.Request, limit: int) -> bytes:
     if encoding not in ("identity", "", "gzip", "deflate"):
         raise unsupported(f"unsupported Content-Encoding '{encoding[:40]}'; use gzip or deflate")
     try:
-        body = await request.read()
+        async with asyncio.timeout(timeout):
+            if declared is not None and encoding in ("identity", ""):
+                return await _read_exactly(request, declared)
+            body = await request.read()
     except web.HTTPRequestEntityTooLarge:
         raise too_large(f"request body exceeds the limit of {limit} bytes") from None
+    except TimeoutError:
+        request[_ABANDONED] = True
+        raise HttpStatusError(ErrorKind.MALFORMED_REQUEST, f"the request body did not arrive within {timeout:g}s "
+                              "(limits.body_timeout)", 408) from None
     if encoding in ("gzip", "deflate"):
         body = decompress(body, encoding, limit)
     return body
 
 
-async def read_tensor_body(request: web.Request, limit: int) -> bytes | bytearray:
-    """:func:`read_body` for big tensor payloads: with a Content-Length and no
-    compression the body goes straight into one buffer of that size, so a
-    64 MiB request occupies 64 MiB, not twice that while aiohttp joins its
-    chunks (and it is not kept on the request object afterwards)."""
-    declared = request.content_length
-    encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
-    if declared is None or declared > limit or encoding not in ("identity", ""):
-        return await read_body(request, limit)
-    buffer = bytearray(declared)
+async def _read_exactly(request: web.Request, size: int) -> bytearray:
+    buffer = bytearray(size)
     view = memoryview(buffer)
     filled = 0
     async for chunk in request.content.iter_any():
         end = filled + len(chunk)
-        if end > declared:
-            raise malformed(f"the request body is longer than its Content-Length of {declared} bytes")
+        if end > size:
+            raise malformed(f"the request body is longer than its Content-Length of {size} bytes")
         view[filled:end] = chunk
         filled = end
-    if filled != declared:
-        raise malformed(f"the request body ended after {filled} of {declared} bytes")
+    if filled != size:
+        raise malformed(f"the request body ended after {filled} of {size} bytes")
     return buffer
 
 
@@ -115,7 +135,7 @@ def error_middleware(respond: Callable[[GatewayError, int | None], web.StreamRes
             return await handler(request)
         except GatewayError as error:
             note_error(request, error)
-            return respond(error, None)
+            return respond(error, getattr(error, "http_status", None))
         except web.HTTPException as exc:
             if exc.status < 400:
                 raise
@@ -123,7 +143,10 @@ def error_middleware(respond: Callable[[GatewayError, int | None], web.StreamRes
             message = {404: f"no such endpoint: {request.method} {request.path[:200]}",
                        405: f"method {request.method} is not allowed on {request.path[:200]}"}.get(
                 exc.status, exc.reason)
-            return respond(GatewayError(kind, message), exc.status)
+            response = respond(GatewayError(kind, message), exc.status)
+            if "Allow" in exc.headers:  # a 405 names the methods allowed (RFC 9110)
+                response.headers["Allow"] = exc.headers["Allow"]
+            return response
         except Exception:
             log.exception("unhandled error on %s %s", request.method, request.path)
             internal = GatewayError(ErrorKind.INTERNAL, "internal error")
@@ -278,6 +301,109 @@ def auth_middleware(authenticator: Authenticator, public_paths: frozenset[str],
     return authenticate
 
 
+# --- listener limits: connections, concurrent requests, malformed HTTP --------------
+
+Render = Callable[[GatewayError, "int | None"], web.StreamResponse]
+
+
+class ListenerGuard:
+    """Counts one listener's connections and requests in flight (issue 9).
+
+    Requests past ``max_requests`` are refused at once as OVERLOADED; they
+    never wait in a queue. Connections past ``max_connections`` get that
+    answer to their first request and are closed; past twice as many they
+    are closed without an answer, so a flood costs no more than a socket.
+    """
+
+    def __init__(self, max_connections: int, max_requests: int, render: Render,
+                 probe_paths: frozenset[str] = frozenset()) -> None:
+        self.max_connections = max_connections
+        self.max_requests = max_requests
+        self.render = render
+        self.probe_paths = probe_paths  # health probes: answered even when busy
+        self.connections = 0
+        self.requests = 0
+
+    def middleware(self) -> Callable[..., Awaitable[web.StreamResponse]]:
+        @web.middleware
+        async def admit(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                        ) -> web.StreamResponse:
+            if getattr(request.protocol, "over_limit", False):
+                return self._refuse(request, f"the listener has more than {self.max_connections} connections "
+                                             "(limits.max_connections); retry later", close=True)
+            if request.path in self.probe_paths:
+                return await handler(request)
+            if self.requests >= self.max_requests:
+                return self._refuse(request, f"the listener is handling {self.requests} requests, its limit "
+                                             "(limits.max_concurrent_requests); retry later")
+            self.requests += 1
+            try:
+                response = await handler(request)
+            finally:
+                self.requests -= 1
+            if request.get(_ABANDONED):
+                response.force_close()
+            return response
+
+        return admit
+
+    def _refuse(self, request: web.Request, message: str, close: bool = False) -> web.StreamResponse:
+        error = GatewayError(ErrorKind.OVERLOADED, message)
+        note_error(request, error)
+        response = self.render(error, None)
+        if close:
+            response.force_close()
+        return response
+
+
+class _GuardedRequestHandler(RequestHandler):
+    """aiohttp's connection handler, counted by the listener's guard, with
+    malformed HTTP (oversized or too many headers, a bad request line)
+    answered in the protocol's own error form instead of a text page."""
+
+    over_limit = False
+    _counted = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        guard: ListenerGuard = self._manager.guard  # type: ignore[union-attr]
+        guard.connections += 1
+        self._counted = True
+        self.over_limit = guard.connections > guard.max_connections
+        super().connection_made(transport)
+        if guard.connections > 2 * guard.max_connections:
+            transport.close()
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if self._counted and self._manager is not None:
+            self._manager.guard.connections -= 1  # type: ignore[attr-defined]
+            self._counted = False
+        super().connection_lost(exc)
+
+    def handle_error(self, request: Any, status: int = 500, exc: BaseException | None = None,
+                     message: str | None = None) -> web.StreamResponse:
+        if status == 500 or request.writer.output_size > 0 or self._manager is None:
+            return super().handle_error(request, status, exc, message)
+        if isinstance(exc, LineTooLong) or (isinstance(exc, BadHttpMessage) and "Too many headers" in str(exc)):
+            error: GatewayError = HttpStatusError(
+                ErrorKind.TOO_LARGE, "the request line or headers are over limits.max_header_line_bytes or "
+                "limits.max_headers", 431)
+        else:
+            error = malformed(f"malformed HTTP request: {str(message or exc)[:200]}")
+        self.log_debug("refused a malformed HTTP request: %s", exc)
+        response = self._manager.guard.render(error, getattr(error, "http_status", status))  # type: ignore[attr-defined]
+        response.force_close()
+        return response
+
+
+class _GuardedServer(web.Server):
+    """aiohttp's protocol factory, making :class:`_GuardedRequestHandler` s."""
+
+    guard: ListenerGuard
+
+    def __call__(self) -> RequestHandler:
+        return _GuardedRequestHandler(self, loop=self._loop, **self._kwargs)
+
+
 class HttpFrontend(Frontend):
     """A frontend served by one aiohttp application on the listener address."""
 
@@ -285,16 +411,9 @@ class HttpFrontend(Frontend):
     _port = 0
     _tls: ServerTls | None = None
     _authenticator: Authenticator | None = None
-    # Paths answered without credentials when the listener has `auth`
-    # (health and readiness, for Kubernetes probes).
-    PUBLIC_PATHS: frozenset[str] = frozenset()
 
     def build_app(self) -> web.Application:
         raise NotImplementedError  # each HTTP frontend defines its routes
-
-    def error_response(self, error: GatewayError, status: int | None) -> web.StreamResponse:
-        """The protocol's error form (used for refused credentials)."""
-        raise NotImplementedError
 
     @property
     def bound_port(self) -> int:
@@ -304,13 +423,42 @@ class HttpFrontend(Frontend):
     def max_body(self) -> int:
         return self.services.config.limits.max_request_bytes
 
+    # Health probes: answered without credentials when the listener has
+    # `auth`, and even past limits.max_concurrent_requests.
+    probe_paths: frozenset[str] = frozenset()
+
+    def render_error(self, error: GatewayError, status: int | None) -> web.StreamResponse:
+        """An error in this protocol's form; ``status`` overrides the kind's
+        HTTP status. Each protocol overrides this."""
+        raise NotImplementedError
+
+    @property
+    def guard(self) -> ListenerGuard:
+        guard = getattr(self, "_guard", None)
+        if guard is None:
+            limits = self.services.config.limits
+            guard = self._guard = ListenerGuard(limits.max_connections, limits.max_concurrent_requests,
+                                                self.render_error, self.probe_paths)
+        return guard
+
+    async def read_buffer(self, request: web.Request) -> bytes | bytearray:
+        """The request body under the listener's size limit and read timeout,
+        uncopied (tensor payloads decode as views of it)."""
+        return await read_body(request, self.max_body, self.services.config.limits.body_timeout)
+
+    async def read_body(self, request: web.Request) -> bytes:
+        """:meth:`read_buffer` as immutable bytes (for JSON, hashing)."""
+        body = await self.read_buffer(request)
+        return body if isinstance(body, bytes) else bytes(body)
+
     def new_app(self, middlewares: list[Callable[..., Awaitable[Any]]]) -> web.Application:
         # aiohttp's own 1 MiB default is far too small for tensors; the body
         # limit is applied deliberately, one byte over so our check answers.
         first: list[Callable[..., Awaitable[Any]]] = [observing_middleware(self), self._close_when_draining]
         if self.listener.auth is not None:  # tokens are read here, when the listener starts
             self._authenticator = Authenticator(self.listener.auth)
-            first.append(auth_middleware(self._authenticator, self.PUBLIC_PATHS, self.error_response))
+            first.append(auth_middleware(self._authenticator, self.probe_paths, self.render_error))
+        first.append(self.guard.middleware())
         return web.Application(client_max_size=self.max_body + 1, middlewares=[*first, *middlewares])
 
     @web.middleware
@@ -325,9 +473,25 @@ class HttpFrontend(Frontend):
     async def start(self) -> None:
         # auto_decompress off: read_body inflates under the size limit itself.
         # The access-log hook records metrics and the access log (issue 7).
+        # keepalive_timeout runs from a connection's start and from each
+        # answer until the next request head is complete: it also bounds
+        # clients that send a head slowly (Slowloris).
+        limits = self.services.config.limits
         self._runner = web.AppRunner(self.build_app(), handle_signals=False, auto_decompress=False,
-                                     access_log=log, access_log_class=access_logger_class(self.services))
+                                     access_log=log, access_log_class=access_logger_class(self.services),
+                                     keepalive_timeout=limits.idle_timeout,
+                                     # After an early answer (413, 408), an unread body is read and
+                                     # dropped this long so the client sees the answer, then closed.
+                                     lingering_time=min(_LINGERING_TIME, limits.body_timeout),
+                                     max_line_size=limits.max_header_line_bytes,
+                                     max_field_size=limits.max_header_line_bytes, max_headers=limits.max_headers)
         await self._runner.setup()
+        # Counted connections and protocol-form answers to malformed HTTP:
+        # aiohttp builds its Server inside setup(), so its class is narrowed here.
+        factory = self._runner.server
+        assert factory is not None
+        factory.__class__ = _GuardedServer
+        factory.guard = self.guard  # type: ignore[attr-defined]
         address = self.listener.address
         # SO_REUSEPORT only under `gateway serve --workers N` (services.reuse_port).
         self._tls = ServerTls(self.listener.tls) if self.listener.tls is not None else None

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from gateway.errors import invalid
+from gateway.errors import invalid, too_large
 from gateway.observe import REQUEST_ID_HEADER, TRACEPARENT_HEADER, TRACESTATE_HEADER, RequestRecord
 
 # V2 datatype name -> numpy dtype (little-endian, as every wire form is).
@@ -83,7 +83,8 @@ def element_count(shape: Any, where: str, max_elements: int | None = None) -> in
             raise invalid(f"{where}: shape has a negative dimension {dim}")
         count *= dim
     if max_elements is not None and count > max_elements:
-        raise invalid(f"{where}: shape {list(shape)} has {count} elements, over the limit of {max_elements}")
+        raise too_large(f"{where}: shape {list(shape)} has {count} elements, over the limit of {max_elements} "
+                        "(limits.max_tensor_elements)")
     return count
 
 

@@ -34,11 +34,12 @@ def too_large_reply(upstream: str, size: int, limit: int) -> GatewayError:
 @contextmanager
 def reading_reply(upstream: str) -> Iterator[None]:
     """Decoding errors in an upstream's reply are the upstream's fault
-    (UPSTREAM_BAD_RESPONSE, 502), not the client's (400)."""
+    (UPSTREAM_BAD_RESPONSE, 502), not the client's (400, or 413 for a
+    shape over a limit)."""
     try:
         yield
     except GatewayError as error:
-        if error.kind not in (ErrorKind.MALFORMED_REQUEST, ErrorKind.INVALID_INPUT):
+        if error.kind not in (ErrorKind.MALFORMED_REQUEST, ErrorKind.INVALID_INPUT, ErrorKind.TOO_LARGE):
             raise
         raise GatewayError(ErrorKind.UPSTREAM_BAD_RESPONSE,
                            f"upstream {upstream} sent an unreadable reply: {error.message}") from None

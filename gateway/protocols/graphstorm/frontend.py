@@ -20,7 +20,8 @@ from aiohttp import web
 
 from gateway.confignode import Node
 from gateway.errors import ErrorKind, GatewayError
-from gateway.httpserver import REQUEST_ID_HEADER, HttpFrontend, read_body, request_context
+from gateway.httpserver import REQUEST_ID_HEADER, HttpFrontend, request_context
+from gateway.limits import check_json_depth
 from gateway.protocols.graphstorm import codec, status
 from gateway.protocols.graphstorm.graph import (
     CONTRACT,
@@ -37,6 +38,8 @@ log = logging.getLogger(__name__)
 PROTOCOL = "graphstorm"
 DEFAULT_MODEL = "gnn"
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+# HTTP status of refusals made before an invocation is read (see render_error).
+_HTTP_STATUS_OF_KIND = {ErrorKind.OVERLOADED: 429}
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +98,10 @@ async def envelope_errors(request: web.Request, handler: Handler) -> web.StreamR
         if exc.status < 400:
             raise
         message = f"{request.method} {request.path[:200]} is not served; use POST /invocations or GET /ping"
-        return json_response(codec.encode_envelope(exc.status, "", error=message), exc.status)
+        response = json_response(codec.encode_envelope(exc.status, "", error=message), exc.status)
+        if "Allow" in exc.headers:  # a 405 names the methods allowed (RFC 9110)
+            response.headers["Allow"] = exc.headers["Allow"]
+        return response
     except Exception:
         log.exception("unhandled error on %s %s", request.method, request.path)
         return json_response(codec.encode_error(status.internal("unexpected gateway error"), ""))
@@ -116,17 +122,19 @@ class GraphStormFrontend(HttpFrontend):
         node.check_no_unknown_keys()
         return RouteOptions(schema, edge_tasks)
 
-    PUBLIC_PATHS = frozenset({"/ping"})
-
-    def error_response(self, error: GatewayError, status_code: int | None) -> web.Response:
-        """GraphStorm's envelope; refused credentials also answer HTTP 401 so
-        callers that read only the HTTP status see the refusal."""
-        return json_response(codec.encode_error(error, ""), status_code or 200)
-
     @property
     def options(self) -> ListenerOptions:
         options = self.listener.options
         return options if isinstance(options, ListenerOptions) else ListenerOptions()
+
+    probe_paths = frozenset({"/ping"})
+
+    def render_error(self, error: GatewayError, status: int | None) -> web.StreamResponse:
+        """Refusals before GraphStorm's handler (overload, malformed HTTP,
+        refused credentials: 401) carry their HTTP status as well as the
+        envelope's status_code, so callers that read only the HTTP status
+        see them."""
+        return json_response(codec.encode_error(error, ""), status or _HTTP_STATUS_OF_KIND.get(error.kind, 200))
 
     def build_app(self) -> web.Application:
         app = self.new_app([envelope_errors])
@@ -146,8 +154,9 @@ class GraphStormFrontend(HttpFrontend):
         try:
             codec.check_content_type(request.headers.get("Content-Type"))
             try:
-                body = await read_body(request, self.max_body)
-            except GatewayError as exc:  # too large, bad Content-Encoding: a request format error
+                body = await self.read_body(request)
+                check_json_depth(body, self.services.config.limits.max_json_depth, "the body")
+            except GatewayError as exc:  # too large, too deep, slow, bad Content-Encoding: a request format error
                 raise GraphStormError(status.JSON_FORMAT, exc.kind, exc.message) from None
             with gc_paused():
                 payload = codec.parse_json(body)

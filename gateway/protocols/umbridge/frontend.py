@@ -18,7 +18,8 @@ from aiohttp import web
 
 from gateway.confignode import Node
 from gateway.errors import ErrorKind, GatewayError
-from gateway.httpserver import REQUEST_ID_HEADER, HttpFrontend, error_middleware, read_body, request_context
+from gateway.httpserver import REQUEST_ID_HEADER, HttpFrontend, error_middleware, request_context
+from gateway.limits import check_json_depth
 from gateway.protocols.umbridge import codec
 from gateway.protocols.umbridge.bridge import Bridge
 from gateway.protocols.umbridge.cache import TtlCache
@@ -73,13 +74,13 @@ class UmbridgeFrontend(HttpFrontend):
     def parse_route_options(cls, node: Node, base_dir: Path) -> RouteOptions:
         return parse_route_options(node)
 
-    def error_response(self, error: GatewayError, status: int | None) -> web.Response:
-        return error_response(error, status)
-
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         self.options: ListenerOptions = self.listener.options or ListenerOptions()
         self._views: TtlCache[ModelView] = TtlCache(self.options.metadata_ttl)
+
+    def render_error(self, error: GatewayError, status: int | None) -> web.StreamResponse:
+        return error_response(error, status)
 
     def build_app(self) -> web.Application:
         app = self.new_app([umbridge_errors])
@@ -120,7 +121,8 @@ class UmbridgeFrontend(HttpFrontend):
 
     async def _call(self, request: web.Request) -> tuple[codec.Call, RequestContext]:
         ctx = request_context(request, self.listener.name, PROTOCOL)
-        body = await read_body(request, self.max_body)
+        body = await self.read_body(request)
+        check_json_depth(body, self.services.config.limits.max_json_depth, "the request body")
         return codec.decode_call(body), ctx
 
     async def info(self, request: web.Request) -> web.Response:

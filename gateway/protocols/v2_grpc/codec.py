@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import numpy as np
@@ -21,6 +21,7 @@ import orjson
 from google.protobuf.message import DecodeError
 
 from gateway.errors import ErrorKind, GatewayError, invalid, malformed
+from gateway.limits import TensorBudget
 from gateway.protocols.v2_grpc import messages as pb
 from gateway.protocols.v2_grpc import rawwire
 from gateway.protocols.v2_rest.codec import array_from_raw, array_to_raw
@@ -33,8 +34,10 @@ from gateway.types import (
     Tensor,
     TensorSpec,
     check_datatype,
-    element_count,
 )
+
+if TYPE_CHECKING:
+    from gateway.config import Limits
 
 # One table from error kind to status code; a test checks it is complete.
 CODE_OF_KIND: Mapping[ErrorKind, grpc.StatusCode] = MappingProxyType({
@@ -142,7 +145,8 @@ def parameters_to_proto(parameters: Mapping[str, Any], target: Any) -> None:
 # --- tensors -------------------------------------------------------------------
 
 
-def _typed_array(contents: Any, datatype: str, shape: tuple[int, ...], count: int, where: str) -> np.ndarray:
+def _typed_array(contents: Any, datatype: str, shape: tuple[int, ...], count: int, where: str,
+                 budget: TensorBudget) -> np.ndarray:
     field = TYPED_FIELD.get(datatype)
     if field is None:
         raise invalid(f"{where}: {datatype} has no typed contents field; send it as raw contents")
@@ -153,8 +157,10 @@ def _typed_array(contents: Any, datatype: str, shape: tuple[int, ...], count: in
     if len(values) != count:
         raise invalid(f"{where}: has {len(values)} elements in '{field}' but shape {list(shape)} needs {count}")
     if datatype == "BYTES":
+        items = list(values)
+        budget.claim_bytes_items(items, where)
         array = np.empty(count, dtype=object)
-        array[:] = list(values)
+        array[:] = items
         return array.reshape(shape)
     dtype = NUMPY_DTYPES[datatype]
     if datatype in ("INT8", "INT16", "UINT8", "UINT16") and count:
@@ -166,8 +172,11 @@ def _typed_array(contents: Any, datatype: str, shape: tuple[int, ...], count: in
     return np.fromiter(values, dtype=dtype, count=count).reshape(shape)
 
 
-def decode_tensors(items: Any, raw_contents: Any, where: str, max_elements: int) -> list[Tensor]:
-    """Input tensors of a request, or output tensors of a response."""
+def decode_tensors(items: Any, raw_contents: Any, where: str, max_elements: int,
+                   budget: TensorBudget | None = None) -> list[Tensor]:
+    """Input tensors of a request, or output tensors of a response. Every
+    shape is claimed from ``budget`` before any tensor data is read."""
+    budget = budget if budget is not None else TensorBudget.unlimited(max_elements)
     raw = list(raw_contents)
     if raw:
         # An empty contents message next to raw data is no mix (MLServer sends one).
@@ -175,18 +184,20 @@ def decode_tensors(items: Any, raw_contents: Any, where: str, max_elements: int)
             raise invalid(f"the message mixes raw_{where}_contents with typed {where} contents; use one form")
         if len(raw) != len(items):
             raise invalid(f"the message has {len(raw)} raw_{where}_contents entries for {len(items)} {where}s")
-    tensors = []
+    heads: list[tuple[str, str, tuple[int, ...], int]] = []
     for index, item in enumerate(items):
         if not item.name:
             raise malformed(f"{where} #{index} has no name")
         label = f"{where} '{item.name[:100]}'"
         datatype = check_datatype(item.datatype, label)
         shape = tuple(item.shape)
-        count = element_count(list(shape), label, max_elements)
+        heads.append((label, datatype, shape, budget.claim(datatype, list(shape), label)))
+    tensors = []
+    for index, (item, (label, datatype, shape, count)) in enumerate(zip(items, heads, strict=True)):
         if raw:
-            data = array_from_raw(memoryview(raw[index]), datatype, shape, count, label)
+            data = array_from_raw(memoryview(raw[index]), datatype, shape, count, label, budget)
         elif item.HasField("contents"):
-            data = _typed_array(item.contents, datatype, shape, count, label)
+            data = _typed_array(item.contents, datatype, shape, count, label, budget)
         elif count == 0:
             data = np.empty(shape, dtype=NUMPY_DTYPES[datatype])
         else:
@@ -238,12 +249,14 @@ def _serialize(message: Any, raw_field: str, raw: list[Any]) -> bytes:
 # --- frontend: client requests in, our answers out -------------------------------
 
 
-def decode_infer_request(data: bytes | memoryview, max_elements: int) -> InferRequest:
-    """A serialized ModelInferRequest; raw inputs stay views into ``data``."""
+def decode_infer_request(data: bytes | memoryview, max_elements: int, limits: Limits | None = None) -> InferRequest:
+    """A serialized ModelInferRequest; raw inputs stay views into ``data``.
+    ``limits`` (the gateway's) adds the request-wide tensor budget."""
     message, raw = _parse(data, pb.ModelInferRequest, "raw_input_contents")
     if not message.model_name:
         raise malformed("the request has no model_name")
-    inputs = decode_tensors(message.inputs, raw, "input", max_elements)
+    budget = TensorBudget.of(limits) if limits is not None else None
+    inputs = decode_tensors(message.inputs, raw, "input", max_elements, budget)
     outputs = [RequestedOutput(o.name, parameters_from_proto(o.parameters)) for o in message.outputs]
     return InferRequest(message.model_name, message.model_version, message.id, inputs, outputs,
                         parameters_from_proto(message.parameters))

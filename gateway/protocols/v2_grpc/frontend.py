@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -42,6 +42,9 @@ from gateway.protocols.v2_grpc import messages as pb
 from gateway.tls import ServerTls
 from gateway.types import RequestContext
 
+if TYPE_CHECKING:
+    from gateway.config import Limits
+
 log = logging.getLogger(__name__)
 PROTOCOL = "v2-grpc"
 # RPCs whose handler parses the request bytes itself (raw tensors stay
@@ -62,14 +65,30 @@ class GrpcListenerOptions:
     output_contents: str = "raw"
 
 
-def server_options(max_message_bytes: int, reuse_port: bool = False) -> list[tuple[str, Any]]:
-    return [
+def server_options(max_message_bytes: int, reuse_port: bool = False, limits: Limits | None = None
+                   ) -> list[tuple[str, Any]]:
+    options: list[tuple[str, Any]] = [
         ("grpc.max_receive_message_length", min(max_message_bytes, pb.GRPC_MAX_MESSAGE)),
         ("grpc.max_send_message_length", -1),  # answers are bounded by what upstreams may send
         # Shared only by `--workers N` processes; otherwise a second gateway on
         # the same port must fail, not silently share it (grpc defaults it on).
         ("grpc.so_reuseport", 1 if reuse_port else 0),
     ]
+    if limits is not None:  # docs/security.md#limits
+        idle_ms = int(limits.idle_timeout * 1000)
+        options += [
+            # Metadata past this is refused by grpc itself (RESOURCE_EXHAUSTED).
+            ("grpc.max_metadata_size", limits.max_grpc_metadata_bytes),
+            ("grpc.absolute_max_metadata_size", limits.max_grpc_metadata_bytes),
+            # grpc closes connections past this at once (the client sees UNAVAILABLE).
+            # Streams per connection stay unbounded on purpose: an HTTP/2 limit would
+            # make clients queue calls; the handler refuses them instead.
+            ("grpc.max_allowed_incoming_connections", limits.max_connections),
+            # A connection must finish its HTTP/2 handshake, and may then stay idle, this long.
+            ("grpc.server_handshake_timeout_ms", idle_ms),
+            ("grpc.max_connection_idle_ms", idle_ms),
+        ]
+    return options
 
 
 def _metadata_dict(context: grpc.aio.ServicerContext) -> dict[str, str]:
@@ -110,6 +129,11 @@ class V2GrpcFrontend(Frontend):
     _tls: ServerTls | None = None
     _authenticator: Authenticator | None = None
     extensions: Extensions
+    _active = 0  # requests in flight (grpc's own health service not counted)
+
+    @property
+    def _max_active(self) -> int:
+        return self.services.config.limits.max_concurrent_requests
 
     @classmethod
     def parse_options(cls, node: Node) -> GrpcListenerOptions:
@@ -124,12 +148,13 @@ class V2GrpcFrontend(Frontend):
         return self._port
 
     async def start(self) -> None:
-        limit = self.services.config.limits.max_request_bytes
+        limits = self.services.config.limits
         # Tokens and certificates are read now, when the listener starts.
         if self.listener.auth is not None:
             self._authenticator = Authenticator(self.listener.auth)
         interceptors = [ReflectionAuth(self._authenticator)] if self._authenticator is not None else []
-        server = grpc.aio.server(options=server_options(limit, self.services.reuse_port), interceptors=interceptors)
+        server = grpc.aio.server(options=server_options(limits.max_request_bytes, self.services.reuse_port, limits),
+                                 interceptors=interceptors)
         self.extensions = Extensions(self.dataplane, self.services)
         handlers = {
             name: grpc.unary_unary_rpc_method_handler(
@@ -189,10 +214,14 @@ class V2GrpcFrontend(Frontend):
             if services.tracing is not None:
                 services.tracing.start(ctx)
             in_flight.inc()
+            self._active += 1
             failure: GatewayError
             try:
                 if self._authenticator is not None and name not in PUBLIC_METHODS:
                     self._authenticator.check(ctx.headers)
+                if self._active > self._max_active:  # refused at once, never queued
+                    raise GatewayError(ErrorKind.OVERLOADED, f"the listener is handling {self._max_active} "
+                                       "requests, its limit (limits.max_concurrent_requests); retry later")
                 if name in PARSED_BY_HANDLER:
                     message: Any = data
                 else:
@@ -215,6 +244,7 @@ class V2GrpcFrontend(Frontend):
                 failure = GatewayError(ErrorKind.INTERNAL, "internal error")
             finally:
                 in_flight.dec()
+                self._active -= 1
                 context.set_trailing_metadata(tuple(ctx.upstream_headers().items()))
                 if record.status:
                     finish_request(services, ctx)
@@ -276,7 +306,8 @@ class V2GrpcFrontend(Frontend):
 
     async def _ModelInfer(self, data: bytes, ctx: RequestContext) -> bytes:
         started = time.perf_counter()
-        infer_request = codec.decode_infer_request(data, self.services.config.limits.max_tensor_elements)
+        limits = self.services.config.limits
+        infer_request = codec.decode_infer_request(data, limits.max_tensor_elements, limits)
         self._adopt_message_id(ctx, infer_request.id)
         ctx.record.decode_seconds = time.perf_counter() - started
         response = await self.extensions.infer(infer_request, ctx)

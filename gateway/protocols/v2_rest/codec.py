@@ -15,12 +15,13 @@ from __future__ import annotations
 import json
 import struct
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import orjson
 
-from gateway.errors import ErrorKind, GatewayError, invalid, malformed
+from gateway.errors import ErrorKind, GatewayError, invalid, malformed, too_large
+from gateway.limits import BYTES_PREFIX, TensorBudget, check_json_depth
 from gateway.types import (
     ELEMENT_SIZE,
     NUMPY_DTYPES,
@@ -31,8 +32,10 @@ from gateway.types import (
     Tensor,
     TensorSpec,
     check_datatype,
-    element_count,
 )
+
+if TYPE_CHECKING:
+    from gateway.config import Limits
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 BINARY_DATA_SIZE = "binary_data_size"
@@ -137,12 +140,17 @@ def _required(obj: dict[str, Any], key: str, kind: type, where: str) -> Any:
 # --- tensor data: JSON ------------------------------------------------------
 
 
-def _flatten(data: Any, out: list[Any]) -> None:
-    for item in data:
-        if isinstance(item, list):
-            _flatten(item, out)
-        else:
+def _flatten(data: list[Any], out: list[Any]) -> None:
+    """Row-major leaves of nested lists; iterative, so any nesting is safe."""
+    stack = [iter(data)]
+    while stack:
+        for item in stack[-1]:
+            if isinstance(item, list):
+                stack.append(iter(item))
+                break
             out.append(item)
+        else:
+            stack.pop()
 
 
 def _bytes_from_json(data: list[Any], where: str) -> list[bytes]:
@@ -167,7 +175,8 @@ def bf16_to_float(bits: np.ndarray) -> np.ndarray:
     return (bits.astype(np.uint32) << 16).view(np.float32)
 
 
-def array_from_json(data: Any, datatype: str, shape: tuple[int, ...], count: int, where: str) -> np.ndarray:
+def array_from_json(data: Any, datatype: str, shape: tuple[int, ...], count: int, where: str,
+                    budget: TensorBudget | None = None) -> np.ndarray:
     """JSON ``data`` (flat or nested, row-major) as an array of ``shape``."""
     if not isinstance(data, list):
         raise malformed(f"{where}: 'data' must be a list")
@@ -175,6 +184,8 @@ def array_from_json(data: Any, datatype: str, shape: tuple[int, ...], count: int
         items = _bytes_from_json(data, where)
         if len(items) != count:
             raise invalid(f"{where}: has {len(items)} data elements but shape {list(shape)} needs {count}")
+        if budget is not None:
+            budget.claim_bytes_items(items, where)
         array = np.empty(count, dtype=object)
         array[:] = items
         return array.reshape(shape)
@@ -223,6 +234,9 @@ def _uint64_from_json(data: list[Any], shape: tuple[int, ...], where: str) -> np
     flat: list[Any] = []
     _flatten(data, flat)
     if not all(type(item) is int for item in flat):
+        # orjson reads integers past 2**64 as floats: name the real problem
+        if all(type(item) is int or (type(item) is float and item >= 2.0 ** 64) for item in flat):
+            raise invalid(f"{where}: a value is out of range for UINT64")
         raise invalid(f"{where}: UINT64 data must be integers")
     try:
         return np.array(flat, dtype=np.uint64)
@@ -246,10 +260,13 @@ def array_to_json(tensor: Tensor) -> Any:
 # --- tensor data: binary ----------------------------------------------------
 
 
-def array_from_raw(buffer: memoryview, datatype: str, shape: tuple[int, ...], count: int, where: str) -> np.ndarray:
+def array_from_raw(buffer: memoryview, datatype: str, shape: tuple[int, ...], count: int, where: str,
+                   budget: TensorBudget | None = None) -> np.ndarray:
     """Raw little-endian bytes (zero-copy view) or length-prefixed BYTES."""
     if datatype == "BYTES":
-        return bytes_from_raw(buffer, shape, count, where)
+        if budget is not None:  # the prefixes were claimed with the shape; now the payload
+            budget.add_bytes(max(0, len(buffer) - BYTES_PREFIX * count), where)
+        return bytes_from_raw(buffer, shape, count, where, budget.max_bytes_element if budget else None)
     expected = count * ELEMENT_SIZE[datatype]
     if len(buffer) != expected:
         raise invalid(f"{where}: has {len(buffer)} bytes of data but shape {list(shape)} of "
@@ -257,7 +274,8 @@ def array_from_raw(buffer: memoryview, datatype: str, shape: tuple[int, ...], co
     return np.frombuffer(buffer, dtype=NUMPY_DTYPES[datatype]).reshape(shape)
 
 
-def bytes_from_raw(buffer: memoryview, shape: tuple[int, ...], count: int, where: str) -> np.ndarray:
+def bytes_from_raw(buffer: memoryview, shape: tuple[int, ...], count: int, where: str,
+                   max_element: int | None = None) -> np.ndarray:
     items: list[bytes] = []
     offset, end = 0, len(buffer)
     unpack = struct.Struct("<I").unpack_from
@@ -268,6 +286,9 @@ def bytes_from_raw(buffer: memoryview, shape: tuple[int, ...], count: int, where
         offset += 4
         if offset + length > end:
             raise invalid(f"{where}: BYTES element length {length} overruns the data")
+        if max_element is not None and length > max_element:
+            raise too_large(f"{where}: a BYTES element of {length} bytes is over limits.max_bytes_element "
+                            f"({max_element})")
         if len(items) == count:
             raise invalid(f"{where}: has more BYTES elements than shape {list(shape)} holds")
         items.append(bytes(buffer[offset:offset + length]))
@@ -299,12 +320,17 @@ def array_to_raw(tensor: Tensor) -> bytes | memoryview:
 # --- tensors in a JSON head --------------------------------------------------
 
 
-def decode_tensors(items: Any, binary: memoryview, where: str, max_elements: int) -> list[Tensor]:
-    """Tensor objects of a request's ``inputs`` or a response's ``outputs``."""
+def decode_tensors(items: Any, binary: memoryview, where: str, max_elements: int,
+                   budget: TensorBudget | None = None) -> list[Tensor]:
+    """Tensor objects of a request's ``inputs`` or a response's ``outputs``.
+
+    Two passes: every tensor's head is checked and claimed from ``budget``
+    (the request's totals) before any tensor data is allocated.
+    """
     if not isinstance(items, list):
         raise malformed(f"'{where}s' must be a list")
-    tensors: list[Tensor] = []
-    offset = 0
+    budget = budget if budget is not None else TensorBudget.unlimited(max_elements)
+    heads: list[tuple[str, str, str, tuple[int, ...], int, dict[str, Any], Any]] = []
     for index, item in enumerate(items):
         if not isinstance(item, dict):
             raise malformed(f"{where} #{index} must be an object")
@@ -312,8 +338,7 @@ def decode_tensors(items: Any, binary: memoryview, where: str, max_elements: int
         label = f"{where} '{name}'"
         datatype = check_datatype(_required(item, "datatype", str, label), label)
         shape_list = _required(item, "shape", list, label)
-        count = element_count(shape_list, label, max_elements)
-        shape = tuple(shape_list)
+        count = budget.claim(datatype, shape_list, label)
         parameters = dict(_optional(item, "parameters", dict, label, {}))
         size = parameters.pop(BINARY_DATA_SIZE, None)
         if size is not None:
@@ -321,15 +346,20 @@ def decode_tensors(items: Any, binary: memoryview, where: str, max_elements: int
                 raise malformed(f"{label}: '{BINARY_DATA_SIZE}' must be a non-negative integer")
             if "data" in item:
                 raise malformed(f"{label}: has both 'data' and '{BINARY_DATA_SIZE}'")
+        elif "data" not in item:
+            raise malformed(f"{label}: has neither 'data' nor '{BINARY_DATA_SIZE}'")
+        heads.append((name, label, datatype, tuple(shape_list), count, parameters, size))
+    tensors: list[Tensor] = []
+    offset = 0
+    for (name, label, datatype, shape, count, parameters, size), item in zip(heads, items, strict=True):
+        if size is not None:
             if offset + size > len(binary):
                 raise invalid(f"{label}: {BINARY_DATA_SIZE} {size} overruns the binary data "
                               f"({len(binary) - offset} bytes left)")
-            data = array_from_raw(binary[offset:offset + size], datatype, shape, count, label)
+            data = array_from_raw(binary[offset:offset + size], datatype, shape, count, label, budget)
             offset += size
-        elif "data" in item:
-            data = array_from_json(item["data"], datatype, shape, count, label)
         else:
-            raise malformed(f"{label}: has neither 'data' nor '{BINARY_DATA_SIZE}'")
+            data = array_from_json(item["data"], datatype, shape, count, label, budget)
         tensors.append(Tensor(name, datatype, shape, data, parameters))
     if offset != len(binary):
         raise invalid(f"{len(binary) - offset} bytes of binary data follow the last binary {where} "
@@ -352,12 +382,18 @@ def split_body(body: bytes | bytearray, header_length: str | None) -> tuple[memo
 
 
 def decode_infer_request(body: bytes | bytearray, header_length: str | None, model: str, version: str,
-                         max_elements: int) -> InferRequest:
+                         max_elements: int, limits: Limits | None = None) -> InferRequest:
+    """A client's infer request; ``limits`` (the gateway's) adds the
+    request-wide tensor budget and the JSON nesting bound."""
     head, binary = split_body(body, header_length)
+    if limits is not None:
+        # a binary request's head is small; a JSON one is the whole body (no copy)
+        check_json_depth(body if header_length is None else head, limits.max_json_depth, "the request")
     obj = load_json_object(head, "the request")
     request_id = _optional(obj, "id", str, "request", "")
     parameters = dict(_optional(obj, "parameters", dict, "request", {}))
-    inputs = decode_tensors(_required(obj, "inputs", list, "request"), binary, "input", max_elements)
+    budget = TensorBudget.of(limits) if limits is not None else None
+    inputs = decode_tensors(_required(obj, "inputs", list, "request"), binary, "input", max_elements, budget)
     outputs: list[RequestedOutput] = []
     for index, item in enumerate(_optional(obj, "outputs", list, "request", [])):
         if not isinstance(item, dict):

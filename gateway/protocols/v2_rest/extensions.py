@@ -19,7 +19,6 @@ from gateway.errors import malformed, unsupported
 from gateway.extensions import MODEL_CONFIGURATION, MODEL_REPOSITORY, REFUSALS, STATISTICS
 from gateway.extensions.repository import IndexEntry
 from gateway.extensions.statistics import Duration, ModelStatistics
-from gateway.httpserver import read_body
 from gateway.protocols.v2_rest.codec import JSON_TYPE, load_json_object
 
 if TYPE_CHECKING:
@@ -132,5 +131,5 @@ class RestExtensionHandlers:
 
     async def repository_index(self, request: web.Request) -> web.Response:
         self.extensions.require(MODEL_REPOSITORY)
-        ready = parse_index_request(await read_body(request, self.frontend.max_body))
+        ready = parse_index_request(await self.frontend.read_body(request))
         return _json(index_json(await self.extensions.repository_index(self.frontend.context(request), ready)))

@@ -15,7 +15,6 @@ from gateway.httpserver import (
     REQUEST_ID_HEADER,
     HttpFrontend,
     error_middleware,
-    read_tensor_body,
     request_context,
 )
 from gateway.protocols.v2_rest import codec, extensions
@@ -43,11 +42,11 @@ v2_errors = error_middleware(
 
 
 class V2RestFrontend(HttpFrontend):
-    PUBLIC_PATHS = frozenset({"/v2/health/live", "/v2/health/ready"})
-
-    def error_response(self, error: GatewayError, status: int | None) -> web.Response:
-        return error_response(error, status)
     extensions: Extensions
+    probe_paths = frozenset({"/v2/health/live", "/v2/health/ready"})
+
+    def render_error(self, error: GatewayError, status: int | None) -> web.StreamResponse:
+        return error_response(error, status)
 
     def build_app(self) -> web.Application:
         app = self.new_app([v2_errors])
@@ -100,11 +99,11 @@ class V2RestFrontend(HttpFrontend):
     async def infer(self, request: web.Request) -> web.StreamResponse:
         model, version = self._names(request)
         ctx = self.context(request)
-        body = await read_tensor_body(request, self.max_body)
+        body = await self.read_buffer(request)
         limits = self.services.config.limits
         started = time.perf_counter()
         infer_request = codec.decode_infer_request(
-            body, request.headers.get(codec.HEADER_LENGTH), model, version, limits.max_tensor_elements)
+            body, request.headers.get(codec.HEADER_LENGTH), model, version, limits.max_tensor_elements, limits)
         ctx.record.decode_seconds = time.perf_counter() - started
         response = await self.extensions.infer(infer_request, ctx)
         # The inputs (views of the body) are done with: let them go before the

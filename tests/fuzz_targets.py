@@ -1,0 +1,146 @@
+"""Coverage-guided fuzz targets (atheris) for every frontend decoder.
+
+Run one:  python tests/fuzz_targets.py TARGET [libFuzzer flags...] [CORPUS_DIR]
+e.g.      python tests/fuzz_targets.py v2_rest_json -runs=20000 -max_total_time=60
+
+Each target feeds arbitrary bytes to what a listener does with a request
+body (or gRPC message) and lets only the protocol's own errors escape:
+GatewayError (the gRPC codec turns protobuf's DecodeError into one, which
+the listener answers as INVALID_ARGUMENT). Anything else is a crash libFuzzer reports (and
+tests/test_fuzz.py fails on). ``seeds(target)`` gives valid starting inputs.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import atheris
+
+with atheris.instrument_imports(include=["gateway"]):
+
+    from gateway.config import Limits
+    from gateway.errors import GatewayError
+    from gateway.limits import check_json_depth
+    from gateway.protocols.graphstorm import codec as graphstorm
+    from gateway.protocols.graphstorm.graph import EDGE_TASKS, NODE_TASKS
+    from gateway.protocols.graphstorm.schema import parse_schema
+    from gateway.protocols.umbridge import codec as umbridge
+    from gateway.protocols.v2_grpc import codec as v2_grpc
+    from gateway.protocols.v2_grpc import messages as pb
+    from gateway.protocols.v2_rest import codec as v2_rest
+
+LIMITS = Limits(max_request_bytes=1 << 20, max_tensor_elements=1 << 20, max_request_elements=1 << 20,
+                max_request_tensor_bytes=8 << 20, max_bytes_element=1 << 16)
+DATA = Path(__file__).resolve().parent / "data" / "graphstorm"
+
+
+def v2_rest_json(data: bytes) -> None:
+    v2_rest.decode_infer_request(data, None, "m", "", LIMITS.max_tensor_elements, LIMITS)
+
+
+def v2_rest_binary(data: bytes) -> None:
+    """The first two bytes give Inference-Header-Content-Length."""
+    if len(data) < 2:
+        return
+    (length,) = struct.unpack_from("<H", data)
+    v2_rest.decode_infer_request(data[2:], str(length), "m", "", LIMITS.max_tensor_elements, LIMITS)
+
+
+def v2_grpc_message(data: bytes) -> None:
+    # The listener hands the codec the message bytes: its own wire walk
+    # (rawwire) and protobuf's parse of the rest are both under test.
+    v2_grpc.decode_infer_request(data, LIMITS.max_tensor_elements, LIMITS)
+
+
+def umbridge_call(data: bytes) -> None:
+    """What the listener does for Evaluate and each derivative of a model
+    with inputs of sizes [2, 1] and outputs of size [3]."""
+    check_json_depth(data, LIMITS.max_json_depth, "the request body")
+    call = umbridge.decode_call(data)
+    umbridge.decode_inputs(call, (2, 1))
+    for kind in ("Gradient", "ApplyJacobian", "ApplyHessian"):
+        try:
+            umbridge.decode_derivative(kind, call, (2, 1), (3,))
+        except GatewayError:
+            pass
+
+
+SCHEMA = parse_schema(json.loads((DATA / "movielens_gconstruct_runtime.json").read_text()), "movielens", [])
+
+
+def graphstorm_invocation(data: bytes) -> None:
+    check_json_depth(data, LIMITS.max_json_depth, "the body")
+    payload = graphstorm.parse_json(data)
+    for schema in (SCHEMA, None):
+        try:
+            invocation = graphstorm.decode_invocation(payload, schema, NODE_TASKS + EDGE_TASKS)
+        except GatewayError:
+            continue
+        invocation.graph.to_tensors()
+
+
+TARGETS: dict[str, Callable[[bytes], None]] = {
+    "v2_rest_json": v2_rest_json,
+    "v2_rest_binary": v2_rest_binary,
+    "v2_grpc": v2_grpc_message,
+    "umbridge": umbridge_call,
+    "graphstorm": graphstorm_invocation,
+}
+
+
+def seeds(target: str) -> list[bytes]:
+    """Valid inputs the fuzzer mutates from."""
+    if target == "v2_rest_json":
+        return [b'{"id": "1", "inputs": [{"name": "a", "datatype": "INT32", "shape": [2, 2], "data": [[1, 2], [3, 4]]},'
+                b' {"name": "b", "datatype": "BYTES", "shape": [1], "data": ["x"]}], "outputs": [{"name": "o"}]}',
+                b'{"inputs": [{"name": "a", "datatype": "FP16", "shape": [1], "data": [1.5]}], "parameters": {"p": 1}}']
+    if target == "v2_rest_binary":
+        head = (b'{"inputs": [{"name": "a", "datatype": "BYTES", "shape": [2], "parameters": {"binary_data_size": 10}},'
+                b' {"name": "b", "datatype": "FP32", "shape": [1], "parameters": {"binary_data_size": 4}}]}')
+        tail = struct.pack("<I", 1) + b"x" + struct.pack("<I", 1) + b"y" + b"\0\0\x80?"
+        return [struct.pack("<H", len(head)) + head + tail]
+    if target == "v2_grpc":
+        request = pb.ModelInferRequest(model_name="m", id="1")
+        request.inputs.add(name="a", datatype="INT32", shape=[2]).contents.int_contents.extend([1, 2])
+        raw = pb.ModelInferRequest(model_name="m")
+        raw.inputs.add(name="b", datatype="BYTES", shape=[1])
+        raw.raw_input_contents.append(struct.pack("<I", 2) + b"hi")
+        return [request.SerializeToString(), raw.SerializeToString()]
+    if target == "umbridge":
+        return [b'{"name": "f", "input": [[1.0, 2.0], [3.0]], "config": {"a": [1]}, "outWrt": 0, "inWrt": 1, '
+                b'"inWrt1": 0, "inWrt2": 1, "sens": [1, 2, 3], "vec": [1.0]}']
+    if target == "graphstorm":
+        return [(DATA / "movielens_realtime_payload.json").read_bytes().replace(
+            b'"graph"', b'"targets": [{"node_type": "movie", "node_id": "m1"}], "graph"', 1)]
+    raise KeyError(target)
+
+
+def _checked(target: Callable[[bytes], None]) -> Callable[[bytes], None]:
+    def run(data: bytes) -> None:
+        try:
+            target(data)
+        except GatewayError:
+            pass  # the protocol's own error: the listener encodes it
+
+    return run
+
+
+def main(argv: list[str]) -> Any:
+    name = argv[1]
+    corpus = [arg for arg in argv[2:] if not arg.startswith("-")]
+    for directory in corpus:  # seed the corpus directory once
+        path = Path(directory)
+        path.mkdir(parents=True, exist_ok=True)
+        for index, seed in enumerate(seeds(name)):
+            (path / f"seed-{index}").write_bytes(seed)
+    atheris.Setup([argv[0], *argv[2:]], _checked(TARGETS[name]))
+    atheris.Fuzz()
+
+
+if __name__ == "__main__":
+    main(sys.argv)
