@@ -31,9 +31,10 @@ from graphstorm_payloads import (
     movielens,
     uid,
 )
+from prometheus_client.parser import text_string_to_metric_families
 
 from peers.graphstorm_standin import StandIn, probabilities
-from support import GatewayProcess, free_port, write_config
+from support import GatewayProcess, free_port, wait_for, write_config
 
 CONFIG = """
 admin: {{address: "127.0.0.1:0"}}
@@ -239,6 +240,30 @@ def test_upstream_answers_pass_through_unchanged(gateway: GatewayProcess, http: 
     # Local validation still answers first, with GraphStorm's codes.
     assert invoke(gateway, http, no_title, model="remote")[0]["status_code"] == 404
     assert invoke(gateway, http, changed(BASE, lambda p: p.pop("targets")), model="remote")[0]["status_code"] == 401
+
+
+def _outcomes(gateway: GatewayProcess) -> dict[tuple[str, str, str], float]:
+    text = requests.get(f"http://{gateway.url('admin')}/metrics", timeout=5).text
+    return {(s.labels["model"], s.labels["code"], s.labels["outcome"]): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples
+            if s.name == "gateway_requests_total" and s.labels["listener"] == "gs"}
+
+
+def test_endpoint_status_codes_passed_through_are_counted(gateway: GatewayProcess, http: requests.Session,
+                                                          standin: StandIn) -> None:
+    """An endpoint's own answer, relayed unchanged, is counted with its status_code and the kind it means."""
+    before = _outcomes(gateway)
+    no_title = changed(BASE, lambda p: [n["features"].pop("title") for n in p["graph"]["nodes"]
+                                        if n["node_type"] == "movie"])
+    failing = changed(BASE, lambda p: p.update(standin_fail=True))
+    sent = [(no_title, "remote-open", ("remote-open", "404", "invalid_input")),
+            (failing, "remote", ("remote", "500", "upstream_bad_response")),
+            (BASE, "remote", ("remote", "200", "ok"))]
+    for payload, model, _ in sent:
+        invoke(gateway, http, payload, model=model)
+    expected = {key: before.get(key, 0) + 1 for _, _, key in sent}
+    wait_for(lambda: all(_outcomes(gateway).get(key) == count for key, count in expected.items()), 5,
+             "the relayed answers to be counted")
 
 
 def graph_inputs() -> list[dict[str, Any]]:
