@@ -12,6 +12,7 @@ so the counts are exact."""
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -31,28 +32,12 @@ from tritonclient.grpc import service_pb2
 from tritonclient.utils import InferenceServerException
 
 from peers.prometheus import PrometheusServer, promtool
-from support import JSON_ACCESS_LOG_CONFIG, SIMPLE_INFER_REQUEST, GatewayProcess, wait_for, write_config
+from support import JSON_ACCESS_LOG_CONFIG, REPO, SIMPLE_INFER_REQUEST, GatewayProcess, wait_for, write_config
 
-# The listeners and routes of gateway/default_config.yaml, on loopback port 0.
-CONFIG = """
-admin: {address: "127.0.0.1:0"}
-listeners:
-  - {name: rest, protocol: v2-rest, address: "127.0.0.1:0"}
-  - {name: umbridge, protocol: umbridge, address: "127.0.0.1:0"}
-  - {name: graphstorm, protocol: graphstorm, address: "127.0.0.1:0", model: gnn}
-  - {name: grpc, protocol: v2-grpc, address: "127.0.0.1:0"}
-upstreams:
-  - {name: local, protocol: builtin}
-routes:
-  - match: {model: gnn, listener: graphstorm}
-    upstream: local
-    options: {graphstorm: {graph_schema: "builtin:movielens"}}
-  - match: {model: trig}
-    upstream: local
-    options: {umbridge: {finite_differences: true}}
-  - match: {model: "*"}
-    upstream: local
-"""
+# The embedded default configuration (all four listeners, builtin models),
+# every address on loopback port 0.
+CONFIG = re.sub(r'address: "[0-9.]+:[0-9]+"', 'address: "127.0.0.1:0"',
+                (REPO / "gateway/default_config.yaml").read_text())
 PROTOCOLS = {"rest": "v2-rest", "grpc": "v2-grpc", "umbridge": "umbridge", "graphstorm": "graphstorm"}
 TRACEPARENT = "00-5bf92f3577b34da6a3ce929d0e0e4737-00f067aa0ba902b8-01"
 TRACESTATE = "vendor=listeners"
@@ -237,6 +222,7 @@ def requests_total(text: str) -> list[Any]:
 def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     directory = tmp_path_factory.mktemp("listeners")
     access_log = directory / "access.jsonl"
+    assert set(re.findall(r'address: "([^"]*)"', CONFIG)) == {"127.0.0.1:0"}  # loopback only
     config = write_config(directory, CONFIG + JSON_ACCESS_LOG_CONFIG.format(log=access_log))
     with GatewayProcess(config, directory / "gateway.log") as process, requests.Session() as session:
         ledger = Ledger()
