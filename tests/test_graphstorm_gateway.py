@@ -138,6 +138,9 @@ def test_edge_tasks_on_a_route_that_enables_them(gateway: GatewayProcess, http: 
 
 
 BASE = movielens()
+# MovieLens without the movie "title" feature the stand-in's model needs.
+NO_TITLE = changed(BASE, lambda p: [n["features"].pop("title") for n in p["graph"]["nodes"]
+                                    if n["node_type"] == "movie"])
 ERRORS: list[tuple[str, Any, dict[str, str], int, bool]] = [
     # (case, body, headers, status_code, request_uid expected)
     ("charset suffix", BASE, {"Content-Type": "application/json; charset=utf-8"}, 400, False),
@@ -229,16 +232,14 @@ def test_raw_body_is_forwarded_byte_for_byte(gateway: GatewayProcess, http: requ
 def test_upstream_answers_pass_through_unchanged(gateway: GatewayProcess, http: requests.Session,
                                                  standin: StandIn) -> None:
     # The stand-in's model needs movie "title"; without a schema the gateway lets it decide.
-    no_title = changed(BASE, lambda p: [n["features"].pop("title") for n in p["graph"]["nodes"]
-                                        if n["node_type"] == "movie"])
-    answer, body = invoke(gateway, http, no_title, model="remote-open")
+    answer, body = invoke(gateway, http, NO_TITLE, model="remote-open")
     assert (answer["status_code"], answer["request_uid"]) == (404, uid(body))
     assert answer["error"] == "Missing node feature title of movie"  # the endpoint's own words
     failing, body = invoke(gateway, http, changed(BASE, lambda p: p.update(standin_fail=True)), model="remote")
     assert (failing["status_code"], failing["request_uid"]) == (500, uid(body))
     assert "stand-in asked to fail" in failing["error"]
     # Local validation still answers first, with GraphStorm's codes.
-    assert invoke(gateway, http, no_title, model="remote")[0]["status_code"] == 404
+    assert invoke(gateway, http, NO_TITLE, model="remote")[0]["status_code"] == 404
     assert invoke(gateway, http, changed(BASE, lambda p: p.pop("targets")), model="remote")[0]["status_code"] == 401
 
 
@@ -253,10 +254,8 @@ def test_endpoint_status_codes_passed_through_are_counted(gateway: GatewayProces
                                                           standin: StandIn) -> None:
     """An endpoint's own answer, relayed unchanged, is counted with its status_code and the kind it means."""
     before = _outcomes(gateway)
-    no_title = changed(BASE, lambda p: [n["features"].pop("title") for n in p["graph"]["nodes"]
-                                        if n["node_type"] == "movie"])
     failing = changed(BASE, lambda p: p.update(standin_fail=True))
-    sent = [(no_title, "remote-open", ("remote-open", "404", "invalid_input")),
+    sent = [(NO_TITLE, "remote-open", ("remote-open", "404", "invalid_input")),
             (failing, "remote", ("remote", "500", "upstream_bad_response")),
             (BASE, "remote", ("remote", "200", "ok"))]
     for payload, model, _ in sent:
