@@ -143,7 +143,9 @@ def error_middleware(respond: Callable[[GatewayError, int | None], web.StreamRes
             message = {404: f"no such endpoint: {request.method} {request.path[:200]}",
                        405: f"method {request.method} is not allowed on {request.path[:200]}"}.get(
                 exc.status, exc.reason)
-            response = respond(GatewayError(kind, message), exc.status)
+            refusal = GatewayError(kind, message)
+            note_error(request, refusal)  # the kind the protocol gave, not one guessed from the status
+            response = respond(refusal, exc.status)
             if "Allow" in exc.headers:  # a 405 names the methods allowed (RFC 9110)
                 response.headers["Allow"] = exc.headers["Allow"]
             return response

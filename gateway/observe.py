@@ -18,7 +18,7 @@ import re
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 REQUEST_ID_HEADER = "x-request-id"
 TRACEPARENT_HEADER = "traceparent"
@@ -135,3 +135,36 @@ def finish_request(services: Any, ctx: Any) -> None:
     services.access_log.write(ctx, duration)
     if record.span is not None:
         services.tracing.finish(ctx)
+
+
+_WORD_BOUNDARY = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
+
+
+def operation_label(method: str) -> str:
+    """A protocol's CamelCase method name as an ``operation`` label, in the
+    snake case HTTP frontends' handler names have: ``ApplyJacobian`` ->
+    ``apply_jacobian``."""
+    return _WORD_BOUNDARY.sub("_", method).lower()
+
+
+class Translating:
+    """``with Translating(ctx.record, "decode"):`` adds the block's time to
+    the record's ``decode_seconds`` (``"encode"``: ``encode_seconds``), which
+    the metrics report as the frontend's translation time."""
+
+    __slots__ = ("_decode", "_record", "_started")
+
+    def __init__(self, record: RequestRecord, stage: Literal["decode", "encode"]) -> None:
+        self._record = record
+        self._decode = stage == "decode"
+        self._started = 0.0
+
+    def __enter__(self) -> None:
+        self._started = time.perf_counter()
+
+    def __exit__(self, *exc: object) -> None:
+        elapsed = time.perf_counter() - self._started
+        if self._decode:
+            self._record.decode_seconds += elapsed
+        else:
+            self._record.encode_seconds += elapsed

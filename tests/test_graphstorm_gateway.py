@@ -31,9 +31,10 @@ from graphstorm_payloads import (
     movielens,
     uid,
 )
+from prometheus_client.parser import text_string_to_metric_families
 
 from peers.graphstorm_standin import StandIn, probabilities
-from support import GatewayProcess, free_port, write_config
+from support import GatewayProcess, free_port, wait_for, write_config
 
 CONFIG = """
 admin: {{address: "127.0.0.1:0"}}
@@ -137,6 +138,9 @@ def test_edge_tasks_on_a_route_that_enables_them(gateway: GatewayProcess, http: 
 
 
 BASE = movielens()
+# MovieLens without the movie "title" feature the stand-in's model needs.
+NO_TITLE = changed(BASE, lambda p: [n["features"].pop("title") for n in p["graph"]["nodes"]
+                                    if n["node_type"] == "movie"])
 ERRORS: list[tuple[str, Any, dict[str, str], int, bool]] = [
     # (case, body, headers, status_code, request_uid expected)
     ("charset suffix", BASE, {"Content-Type": "application/json; charset=utf-8"}, 400, False),
@@ -228,17 +232,37 @@ def test_raw_body_is_forwarded_byte_for_byte(gateway: GatewayProcess, http: requ
 def test_upstream_answers_pass_through_unchanged(gateway: GatewayProcess, http: requests.Session,
                                                  standin: StandIn) -> None:
     # The stand-in's model needs movie "title"; without a schema the gateway lets it decide.
-    no_title = changed(BASE, lambda p: [n["features"].pop("title") for n in p["graph"]["nodes"]
-                                        if n["node_type"] == "movie"])
-    answer, body = invoke(gateway, http, no_title, model="remote-open")
+    answer, body = invoke(gateway, http, NO_TITLE, model="remote-open")
     assert (answer["status_code"], answer["request_uid"]) == (404, uid(body))
     assert answer["error"] == "Missing node feature title of movie"  # the endpoint's own words
     failing, body = invoke(gateway, http, changed(BASE, lambda p: p.update(standin_fail=True)), model="remote")
     assert (failing["status_code"], failing["request_uid"]) == (500, uid(body))
     assert "stand-in asked to fail" in failing["error"]
     # Local validation still answers first, with GraphStorm's codes.
-    assert invoke(gateway, http, no_title, model="remote")[0]["status_code"] == 404
+    assert invoke(gateway, http, NO_TITLE, model="remote")[0]["status_code"] == 404
     assert invoke(gateway, http, changed(BASE, lambda p: p.pop("targets")), model="remote")[0]["status_code"] == 401
+
+
+def _outcomes(gateway: GatewayProcess) -> dict[tuple[str, str, str], float]:
+    text = requests.get(f"http://{gateway.url('admin')}/metrics", timeout=5).text
+    return {(s.labels["model"], s.labels["code"], s.labels["outcome"]): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples
+            if s.name == "gateway_requests_total" and s.labels["listener"] == "gs"}
+
+
+def test_endpoint_status_codes_passed_through_are_counted(gateway: GatewayProcess, http: requests.Session,
+                                                          standin: StandIn) -> None:
+    """An endpoint's own answer, relayed unchanged, is counted with its status_code and the kind it means."""
+    before = _outcomes(gateway)
+    failing = changed(BASE, lambda p: p.update(standin_fail=True))
+    sent = [(NO_TITLE, "remote-open", ("remote-open", "404", "invalid_input")),
+            (failing, "remote", ("remote", "500", "upstream_bad_response")),
+            (BASE, "remote", ("remote", "200", "ok"))]
+    for payload, model, _ in sent:
+        invoke(gateway, http, payload, model=model)
+    expected = {key: before.get(key, 0) + 1 for _, _, key in sent}
+    wait_for(lambda: all(_outcomes(gateway).get(key) == count for key, count in expected.items()), 5,
+             "the relayed answers to be counted")
 
 
 def graph_inputs() -> list[dict[str, Any]]:

@@ -126,7 +126,7 @@ def _counters(admin: str, model: str) -> float:
         text = response.read().decode()
     return sum(sample.value for family in text_string_to_metric_families(text) for sample in family.samples
                if sample.name == "gateway_requests_total" and sample.labels["model"] == model
-               and sample.labels["operation"] in ("infer", "ModelInfer") and sample.labels["outcome"] == "ok")
+               and sample.labels["operation"] == "infer" and sample.labels["outcome"] == "ok")
 
 
 def test_statistics_count_the_requests_sent(gateway: GatewayProcess, http: httpclient.InferenceServerClient,

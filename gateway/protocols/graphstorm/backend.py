@@ -89,6 +89,7 @@ class GraphStormClient(UpstreamClient):
         envelope = codec.decode_envelope(answer, self.label)
         if graph is None:
             return InferResponse(request.model_name, request.model_version, request.id,
+                                 parameters={codec.STATUS_PARAMETER: envelope["status_code"]},
                                  raw=RawPayload(PROTOCOL, answer, codec.JSON_TYPE))
         if envelope["status_code"] != 200:
             raise codec.upstream_error(envelope, self.label)

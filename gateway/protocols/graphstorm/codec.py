@@ -32,6 +32,8 @@ JSON_TYPE = "application/json"
 # SageMaker's multi-model header; when present it names the model to route.
 TARGET_MODEL_HEADER = "X-Amzn-SageMaker-Target-Model"
 SUCCESS_MESSAGE = "Request processed successfully."
+# On an endpoint's unchanged answer (InferResponse.raw): its status_code.
+STATUS_PARAMETER = "graphstorm_status_code"
 _JSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY
 
 
@@ -128,7 +130,7 @@ def decode_envelope(body: bytes, upstream: str) -> dict[str, Any]:
 
 def upstream_error(envelope: dict[str, Any], upstream: str) -> GraphStormError:
     code = envelope["status_code"]
-    kind = status.KIND_OF_STATUS.get(code, ErrorKind.UPSTREAM_BAD_RESPONSE)
+    kind = status.kind_of_status(code)
     detail = str(envelope.get("error", ""))[:512]
     return GraphStormError(code, kind, bounded(f"upstream '{upstream}' answered status_code {code}: {detail}"))
 

@@ -20,8 +20,9 @@ from aiohttp import web
 
 from gateway.confignode import Node
 from gateway.errors import ErrorKind, GatewayError
-from gateway.httpserver import REQUEST_ID_HEADER, HttpFrontend, request_context
+from gateway.httpserver import REQUEST_ID_HEADER, HttpFrontend, note_error, request_context
 from gateway.limits import check_json_depth
+from gateway.observe import Translating
 from gateway.protocols.graphstorm import codec, status
 from gateway.protocols.graphstorm.graph import (
     CONTRACT,
@@ -98,13 +99,17 @@ async def envelope_errors(request: web.Request, handler: Handler) -> web.StreamR
         if exc.status < 400:
             raise
         message = f"{request.method} {request.path[:200]} is not served; use POST /invocations or GET /ping"
+        note_error(request, GatewayError(ErrorKind.UNSUPPORTED if exc.status in (404, 405)
+                                         else ErrorKind.MALFORMED_REQUEST, message))
         response = json_response(codec.encode_envelope(exc.status, "", error=message), exc.status)
         if "Allow" in exc.headers:  # a 405 names the methods allowed (RFC 9110)
             response.headers["Allow"] = exc.headers["Allow"]
         return response
     except Exception:
         log.exception("unhandled error on %s %s", request.method, request.path)
-        return json_response(codec.encode_error(status.internal("unexpected gateway error"), ""))
+        error = status.internal("unexpected gateway error")
+        note_error(request, error)
+        return json_response(codec.encode_error(error, ""))
 
 
 class GraphStormFrontend(HttpFrontend):
@@ -158,41 +163,55 @@ class GraphStormFrontend(HttpFrontend):
                 check_json_depth(body, self.services.config.limits.max_json_depth, "the body")
             except GatewayError as exc:  # too large, too deep, slow, bad Content-Encoding: a request format error
                 raise GraphStormError(status.JSON_FORMAT, exc.kind, exc.message) from None
-            with gc_paused():
+            with gc_paused(), Translating(ctx.record, "decode"):
                 payload = codec.parse_json(body)
             uid = codec.request_uid(body)
-            answer = await self._invoke(request, body, payload, uid, ctx)
+            answer, status_code = await self._invoke(request, body, payload, uid, ctx)
         except GatewayError as error:
-            answer = codec.encode_error(error, uid)
+            answer, status_code = self._failed(request, error, uid)
         except Exception:  # a gateway bug: still GraphStorm's form, with the request's uid
             log.exception("unhandled error on a GraphStorm invocation (request_uid %s)", uid)
-            answer = codec.encode_error(status.internal("unexpected gateway error"), uid)
+            answer, status_code = self._failed(request, status.internal("unexpected gateway error"), uid)
+        # The answer is HTTP 200 whatever happened: metrics and the access log
+        # take GraphStorm's status_code as the request's code.
+        ctx.record.status = str(status_code)
         reply = json_response(answer)
         reply.headers[REQUEST_ID_HEADER] = ctx.request_id
         return reply
 
+    @staticmethod
+    def _failed(request: web.Request, error: GatewayError, uid: str) -> tuple[bytes, int]:
+        note_error(request, error)
+        return codec.encode_error(error, uid), status.status_code_of(error)
+
     async def _invoke(self, request: web.Request, body: bytes, payload: Any, uid: str,
-                      ctx: RequestContext) -> bytes:
+                      ctx: RequestContext) -> tuple[bytes, int]:
+        """The answer and its status_code."""
         model = request.headers.get(codec.TARGET_MODEL_HEADER) or self.options.model
         try:
             route = self.dataplane.resolve(model, "", ctx)
         except GatewayError as exc:
             if exc.kind is ErrorKind.INVALID_INPUT:  # a target-model header that is no valid model name
                 raise GraphStormError(status.JSON_FORMAT, exc.kind, exc.message) from None
-            raise status.internal(exc.message) from None
+            raise status.internal(exc.message, exc.kind) from None
         options = route_options(route.config.options)
-        with gc_paused():
+        with gc_paused(), Translating(ctx.record, "decode"):
             invocation = codec.decode_invocation(payload, options.schema, options.tasks)
+            tensors = invocation.graph.to_tensors()
         infer_request = InferRequest(
-            model, "", uid, invocation.graph.to_tensors(),
-            parameters={TASK_PARAMETER: invocation.task, CONTRACT_PARAMETER: CONTRACT},
+            model, "", uid, tensors, parameters={TASK_PARAMETER: invocation.task, CONTRACT_PARAMETER: CONTRACT},
             raw=RawPayload(PROTOCOL, body, codec.JSON_TYPE))
         try:
             response = await self.dataplane.infer(infer_request, ctx)
             if response.raw is not None and response.raw.protocol == PROTOCOL:
-                return response.raw.body  # a GraphStorm endpoint's own answer, unchanged
-            return codec.encode_results(invocation, response.outputs, uid)
+                # A GraphStorm endpoint's own answer, unchanged, with its own status_code.
+                code = response.parameters.get(codec.STATUS_PARAMETER, status.OK)
+                if code != status.OK:
+                    ctx.record.fail(status.kind_of_status(code).value, f"the upstream answered status_code {code}")
+                return response.raw.body, code
+            with Translating(ctx.record, "encode"):
+                return codec.encode_results(invocation, response.outputs, uid), status.OK
         except GraphStormError:
             raise
         except GatewayError as exc:  # after validation every failure is an inference failure
-            raise status.internal(exc.message) from None
+            raise status.internal(exc.message, exc.kind) from None

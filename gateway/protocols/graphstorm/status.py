@@ -58,6 +58,12 @@ class GraphStormError(GatewayError):
         self.status_code = status_code
 
 
+def kind_of_status(code: int) -> ErrorKind:
+    """An endpoint's ``status_code`` as a kind (codes it has no validation
+    meaning for, 500 included: a bad response)."""
+    return KIND_OF_STATUS.get(code, ErrorKind.UPSTREAM_BAD_RESPONSE)
+
+
 def status_code_of(error: GatewayError) -> int:
     if isinstance(error, GraphStormError):
         return error.status_code
@@ -105,8 +111,10 @@ def task_mismatch(task: object, supported: tuple[str, ...]) -> GraphStormError:
                            f"serves {', '.join(supported)}, but the payload asks for {shown(task)}.")
 
 
-def internal(detail: str) -> GraphStormError:
-    return GraphStormError(INTERNAL, ErrorKind.INTERNAL,
+def internal(detail: str, kind: ErrorKind = ErrorKind.INTERNAL) -> GraphStormError:
+    """Status 500; ``kind`` keeps the cause (upstream down, unknown model)
+    for metrics and the access log."""
+    return GraphStormError(INTERNAL, kind,
                            "Internal Server Error: please contact your endpoint administrators about this error. "
                            f"Details: {detail}")
 

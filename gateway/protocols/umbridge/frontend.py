@@ -20,6 +20,7 @@ from gateway.confignode import Node
 from gateway.errors import ErrorKind, GatewayError
 from gateway.httpserver import REQUEST_ID_HEADER, HttpFrontend, error_middleware, request_context
 from gateway.limits import check_json_depth
+from gateway.observe import Translating, operation_label
 from gateway.protocols.umbridge import codec
 from gateway.protocols.umbridge.bridge import Bridge
 from gateway.protocols.umbridge.cache import TtlCache
@@ -123,7 +124,8 @@ class UmbridgeFrontend(HttpFrontend):
         ctx = request_context(request, self.listener.name, PROTOCOL)
         body = await self.read_body(request)
         check_json_depth(body, self.services.config.limits.max_json_depth, "the request body")
-        return codec.decode_call(body), ctx
+        with Translating(ctx.record, "decode"):
+            return codec.decode_call(body), ctx
 
     async def info(self, request: web.Request) -> web.Response:
         ctx = request_context(request, self.listener.name, PROTOCOL)
@@ -139,6 +141,9 @@ class UmbridgeFrontend(HttpFrontend):
                 unknown.append(name)
             elif not isinstance(view, GatewayError):
                 log.error("listing model %s failed: %r", name, view)
+        # A listing names no model: its metrics and log line must not carry
+        # whichever model was resolved last.
+        ctx.record.model = ctx.record.version = ctx.record.route = ""
         # The conformity suite and simple clients use models[0]: Evaluate-capable first.
         return json_response(codec.encode_info(ready + others + unknown), request_id=ctx.request_id)
 
@@ -161,19 +166,26 @@ class UmbridgeFrontend(HttpFrontend):
         call, ctx = await self._call(request)
         view = await self.view(call.name, call.config_text, ctx)
         view.require("Evaluate")
-        inputs = codec.decode_inputs(call, view.input_sizes)
+        with Translating(ctx.record, "decode"):
+            inputs = codec.decode_inputs(call, view.input_sizes)
         (outputs,) = await Bridge(self.dataplane, ctx, view, call.config_text).evaluate([inputs])
-        return json_response(codec.encode_outputs(outputs, self.options.nonfinite), request_id=ctx.request_id)
+        with Translating(ctx.record, "encode"):
+            body = codec.encode_outputs(outputs, self.options.nonfinite)
+        return json_response(body, request_id=ctx.request_id)
 
     def _derivative_handler(self, kind: str) -> Handler:
         async def handle(request: web.Request) -> web.Response:
             call, ctx = await self._call(request)
             view = await self.view(call.name, call.config_text, ctx)
             view.require(kind)
-            inputs = codec.decode_inputs(call, view.input_sizes)
-            derivative = codec.decode_derivative(kind, call, view.input_sizes, view.output_sizes)
+            with Translating(ctx.record, "decode"):
+                inputs = codec.decode_inputs(call, view.input_sizes)
+                derivative = codec.decode_derivative(kind, call, view.input_sizes, view.output_sizes)
             result = await Bridge(self.dataplane, ctx, view, call.config_text).derivative(inputs, derivative)
-            return json_response(codec.encode_vector_output(result, self.options.nonfinite),
-                                 request_id=ctx.request_id)
+            with Translating(ctx.record, "encode"):
+                body = codec.encode_vector_output(result, self.options.nonfinite)
+            return json_response(body, request_id=ctx.request_id)
 
+        # The handler's name is the request's `operation` label (gateway.httpserver).
+        handle.__name__ = handle.__qualname__ = operation_label(kind)
         return handle

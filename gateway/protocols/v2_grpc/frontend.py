@@ -35,6 +35,7 @@ from gateway.observe import (
     accept_traceparent,
     accept_tracestate,
     finish_request,
+    operation_label,
 )
 from gateway.protocols.base import Frontend
 from gateway.protocols.v2_grpc import codec, extensions
@@ -56,6 +57,16 @@ HEALTH_SERVICE = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
 # readiness, as the REST listener's health paths (grpc.health.v1 is never
 # checked; reflection and every other method are).
 PUBLIC_METHODS = frozenset({"ServerLive", "ServerReady"})
+# The `operation` of metrics, access log and spans: the V2 REST listener's
+# names for the same questions, so one `operation="infer"` covers both V2
+# transports; every other RPC is its name in snake case (ModelConfig ->
+# model_config, as REST names it too).
+_OPERATION_OF_RPC = {"ModelInfer": "infer", "ModelMetadata": "model_metadata", "ModelReady": "model_ready",
+                     "ServerMetadata": "server_metadata", "ServerLive": "live", "ServerReady": "ready"}
+
+
+def rpc_operation(rpc: str) -> str:
+    return _OPERATION_OF_RPC.get(rpc) or operation_label(rpc)
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,11 +215,12 @@ class V2GrpcFrontend(Frontend):
         type_name = request_class.DESCRIPTOR.full_name if request_class is not None else ""
         services = self.services
         in_flight = services.metrics.requests_in_flight(self.listener.name, PROTOCOL)
+        operation_name = rpc_operation(name)
 
         async def handle(data: Any, context: grpc.aio.ServicerContext) -> Any:
             ctx = self._context(context)
             record = ctx.record
-            record.operation, record.method, record.peer = name, "POST", context.peer() or ""
+            record.operation, record.method, record.peer = operation_name, "POST", context.peer() or ""
             record.path = f"/{pb.SERVICE}/{name}"
             record.request_bytes = len(data) if isinstance(data, bytes) else 0
             if services.tracing is not None:
