@@ -3,6 +3,7 @@ body under the size limit, request decompression, request context."""
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import logging
 import socket
@@ -414,8 +415,9 @@ class HttpFrontend(Frontend):
     _tls: ServerTls | None = None
     _authenticator: Authenticator | None = None
 
+    @abc.abstractmethod
     def build_app(self) -> web.Application:
-        raise NotImplementedError  # each HTTP frontend defines its routes
+        """The frontend's routes (each HTTP frontend defines its own)."""
 
     @property
     def bound_port(self) -> int:
@@ -429,10 +431,10 @@ class HttpFrontend(Frontend):
     # `auth`, and even past limits.max_concurrent_requests.
     probe_paths: frozenset[str] = frozenset()
 
+    @abc.abstractmethod
     def render_error(self, error: GatewayError, status: int | None) -> web.StreamResponse:
         """An error in this protocol's form; ``status`` overrides the kind's
-        HTTP status. Each protocol overrides this."""
-        raise NotImplementedError
+        HTTP status."""
 
     @property
     def guard(self) -> ListenerGuard:
