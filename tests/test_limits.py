@@ -347,6 +347,8 @@ async def _still_open(reader: asyncio.StreamReader) -> bool:
             data = await reader.read(65536)
     except TimeoutError:
         return True
+    except ConnectionResetError:  # closed while our last byte was in flight
+        return False
     return bool(data) and not reader.at_eof()
 
 
