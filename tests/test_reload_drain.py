@@ -115,7 +115,7 @@ async def test_reload_on_file_change(tmp_path: Path) -> None:
 async def test_sigterm_under_load_answers_everything_accepted(tmp_path: Path) -> None:
     a, b = EchoServer("A", tmp_path, delay=0.1), EchoServer("B", tmp_path)
     EchoServer.start_all([a, b])
-    delay = 1.0
+    delay = 2.0  # long enough that a loaded machine still sees readiness drop well inside it
     gw = echo_gateway(tmp_path, config(a, b, TO_A, f"drain: {{delay: {delay}s, timeout: 5s}}"))
     try:
         gw.start()
@@ -126,7 +126,7 @@ async def test_sigterm_under_load_answers_everything_accepted(tmp_path: Path) ->
         gw.proc.send_signal(signal.SIGTERM)
         signalled = time.monotonic()
         # Readiness drops as soon as the signal is handled, long before the listeners close.
-        await asyncio.to_thread(wait_for, lambda: admin_call(gw, "/readyz") == (503, {"ready": False}), 0.5,
+        await asyncio.to_thread(wait_for, lambda: admin_call(gw, "/readyz") == (503, {"ready": False}), 1.0,
                                 "readiness to turn false")
         code = await asyncio.to_thread(gw.proc.wait, 15)
         exited = time.monotonic()
@@ -138,7 +138,7 @@ async def test_sigterm_under_load_answers_everything_accepted(tmp_path: Path) ->
         b.stop()
     assert code == 0
     assert delay < exited - signalled < delay + 3
-    accepted = [r for r in results if r.started < signalled + delay - 0.15]
+    accepted = [r for r in results if r.started < signalled + delay - 0.3]
     assert accepted and all(r.ok for r in accepted), [r for r in accepted if not r.ok][:5]
     assert sum(1 for r in accepted if r.started > signalled) > 20  # new work kept coming in during the delay
     # After the listener closed, clients are refused: no half answers, no 5xx.
