@@ -100,6 +100,8 @@ async def config(request: web.Request) -> web.Response:
 async def index(request: web.Request) -> web.Response:
     paths = sorted({r.canonical for r in request.app.router.resources()})
     return web.json_response({"endpoints": paths})
+
+
 async def upstreams(request: web.Request) -> web.Response:
     """Every upstream with its endpoints: health, ejection, in flight, counters."""
     gateway = request.app[GATEWAY]
@@ -107,19 +109,13 @@ async def upstreams(request: web.Request) -> web.Response:
     return web.json_response({"upstreams": [cluster.snapshot() for cluster in clusters]})
 
 
-def _from_loopback(request: web.Request) -> bool:
-    try:
-        return ipaddress.ip_address((request.remote or "").split("%")[0]).is_loopback
-    except ValueError:
-        return False
-
-
 async def reload(request: web.Request) -> web.Response:
     """Re-read the configuration file; 200 when applied, 400 with the problems
     (each with its YAML path) when rejected. Loopback clients only, unless
     ``admin.allow_remote_reload``."""
     gateway = request.app[GATEWAY]
-    if not (_from_loopback(request) or gateway.config.admin.allow_remote_reload):  # type: ignore[attr-defined]
+    client = (request.remote or "").split("%")[0]  # drop an IPv6 zone
+    if not (is_loopback(client) or gateway.config.admin.allow_remote_reload):  # type: ignore[attr-defined]
         return web.json_response({"error": "reload is only allowed from loopback (admin.allow_remote_reload)"},
                                  status=403)
     result = await gateway.reload()  # type: ignore[attr-defined]

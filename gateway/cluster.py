@@ -376,12 +376,7 @@ class Cluster:
     def end_retry(self) -> None:
         self.retries_in_flight -= 1
 
-    # --- compatibility and views ----------------------------------------------------
-
-    def pick(self) -> UpstreamClient:
-        """The client the load balancer would choose now, without taking a slot."""
-        candidates = self._candidates(set()) or self.endpoints
-        return self._choose(candidates, None).client
+    # --- views ------------------------------------------------------------------
 
     def snapshot(self) -> dict[str, Any]:
         """Live state for the admin /upstreams endpoint and metrics gauges."""
