@@ -5,8 +5,9 @@ attempt (round robin, least request by power of two choices, or a consistent
 hash of a header), keeps endpoints' health from active checks and passive
 outlier detection, and enforces the circuit-breaker limits: at most
 ``max_requests`` in flight, at most ``max_connections`` on one endpoint, at
-most ``max_pending`` waiting for a slot; beyond that it answers OVERLOADED at
-once instead of queueing without bound.
+most ``max_pending`` waiting for a slot; beyond that it answers
+UPSTREAM_OVERLOADED at once (REST 503, gRPC RESOURCE_EXHAUSTED) instead of
+queueing without bound.
 
 All state is touched from the event loop only; no locks are needed.
 """
@@ -319,7 +320,7 @@ class Cluster:
 
     async def acquire(self, key: str | None = None, exclude: set[Endpoint] | None = None) -> Lease:
         """A slot on an endpoint: at once if free, else wait in line while the
-        line is shorter than ``max_pending``; beyond that OVERLOADED at once.
+        line is shorter than ``max_pending``; beyond that UPSTREAM_OVERLOADED at once.
         The caller bounds the wait with its deadline."""
         exclude = exclude or set()
         lease = self.try_acquire(key, exclude)
@@ -329,7 +330,7 @@ class Cluster:
         if self.pending >= breaker.max_pending:
             self.stats.overflows_total += 1
             self.counters.emit(Event("overflow", self.name))
-            raise GatewayError(ErrorKind.OVERLOADED,
+            raise GatewayError(ErrorKind.UPSTREAM_OVERLOADED,
                                f"upstream '{self.name}' is at its limits ({self.in_flight} requests in flight, "
                                f"{self.pending} waiting); try again later")
         waiter = _Waiter()

@@ -21,7 +21,8 @@ class ErrorKind(enum.Enum):
     UNSUPPORTED = "unsupported"  # operation or feature not offered
     UNAUTHENTICATED = "unauthenticated"  # missing or wrong credentials
     TOO_LARGE = "too_large"  # over a configured size limit
-    OVERLOADED = "overloaded"  # concurrency limit or circuit breaker hit
+    OVERLOADED = "overloaded"  # the gateway's own concurrency limit (the client should slow down)
+    UPSTREAM_OVERLOADED = "upstream_overloaded"  # an upstream cluster's circuit breaker is open
     NOT_READY = "not_ready"  # model or server known but not ready
     UPSTREAM_UNAVAILABLE = "upstream_unavailable"
     UPSTREAM_TIMEOUT = "upstream_timeout"

@@ -243,7 +243,7 @@ async def test_circuit_breaker_queues_up_to_max_pending_then_rejects_at_once() -
     assert c.pending == 1 and not waiter.done()
     with pytest.raises(GatewayError) as caught:
         await c.acquire()
-    assert caught.value.kind is ErrorKind.OVERLOADED and c.stats.overflows_total == 1
+    assert caught.value.kind is ErrorKind.UPSTREAM_OVERLOADED and c.stats.overflows_total == 1
     held[0].release(None)
     lease = await asyncio.wait_for(waiter, 1)
     assert c.pending == 0 and c.in_flight == 2

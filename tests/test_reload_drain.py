@@ -46,7 +46,7 @@ async def test_reload_under_load_switches_atomically_and_rejects_bad_files(tmp_p
         with echo_gateway(tmp_path, config(a, b, TO_A)) as gw:
             path = gw.config_path
             stop = asyncio.Event()
-            load = asyncio.ensure_future(run_load(rest_base(gw), "m", duration=20, concurrency=6, stop=stop))
+            load = asyncio.ensure_future(run_load(rest_base(gw), "m", duration=60, concurrency=6, stop=stop))
             await asyncio.sleep(0.5)
 
             path.write_text(config(a, b, TO_B))
@@ -120,7 +120,7 @@ async def test_sigterm_under_load_answers_everything_accepted(tmp_path: Path) ->
     try:
         gw.start()
         stop = asyncio.Event()
-        load = asyncio.ensure_future(run_load(rest_base(gw), "m", duration=10, concurrency=8, stop=stop))
+        load = asyncio.ensure_future(run_load(rest_base(gw), "m", duration=60, concurrency=8, stop=stop))
         await asyncio.sleep(1.0)
         assert gw.proc is not None
         gw.proc.send_signal(signal.SIGTERM)

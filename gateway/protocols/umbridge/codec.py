@@ -47,6 +47,7 @@ ERROR_TYPES: dict[ErrorKind, tuple[str, int]] = {
     ErrorKind.UNAUTHENTICATED: ("Unauthenticated", 401),
     ErrorKind.TOO_LARGE: ("InvalidInput", 413),
     ErrorKind.OVERLOADED: ("Overloaded", 429),
+    ErrorKind.UPSTREAM_OVERLOADED: ("UpstreamOverloaded", 503),
     ErrorKind.NOT_READY: ("NotReady", 503),
     ErrorKind.UPSTREAM_UNAVAILABLE: ("UpstreamUnavailable", 503),
     ErrorKind.UPSTREAM_TIMEOUT: ("UpstreamTimeout", 504),

@@ -47,7 +47,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 # Failures that say nothing about whether a model exists: such models stay
 # listed in /Info (last), the others are left out.
 _TRANSIENT = frozenset({ErrorKind.UPSTREAM_UNAVAILABLE, ErrorKind.UPSTREAM_TIMEOUT, ErrorKind.OVERLOADED,
-                        ErrorKind.NOT_READY})
+                        ErrorKind.UPSTREAM_OVERLOADED, ErrorKind.NOT_READY})
 
 
 def json_response(body: bytes, status: int = 200, request_id: str = "") -> web.Response:

@@ -48,6 +48,7 @@ CODE_OF_KIND: Mapping[ErrorKind, grpc.StatusCode] = MappingProxyType({
     ErrorKind.UNAUTHENTICATED: grpc.StatusCode.UNAUTHENTICATED,
     ErrorKind.TOO_LARGE: grpc.StatusCode.RESOURCE_EXHAUSTED,
     ErrorKind.OVERLOADED: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    ErrorKind.UPSTREAM_OVERLOADED: grpc.StatusCode.RESOURCE_EXHAUSTED,
     ErrorKind.NOT_READY: grpc.StatusCode.UNAVAILABLE,
     ErrorKind.UPSTREAM_UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
     ErrorKind.UPSTREAM_TIMEOUT: grpc.StatusCode.DEADLINE_EXCEEDED,

@@ -50,6 +50,7 @@ STATUS_OF_KIND: dict[ErrorKind, int] = {
     ErrorKind.UNAUTHENTICATED: 401,
     ErrorKind.TOO_LARGE: 413,
     ErrorKind.OVERLOADED: 429,
+    ErrorKind.UPSTREAM_OVERLOADED: 503,
     ErrorKind.NOT_READY: 503,
     ErrorKind.UPSTREAM_UNAVAILABLE: 503,
     ErrorKind.UPSTREAM_TIMEOUT: 504,
