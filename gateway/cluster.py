@@ -363,7 +363,12 @@ class Cluster:
 
     # --- retry budget -----------------------------------------------------------
 
-    def begin_retry(self) -> bool:
+    def begin_retry(self, budgeted: bool = True) -> bool:
+        """Whether a retry may start. Unbudgeted retries (of tries that never
+        reached an endpoint) are counted but always allowed."""
+        if not budgeted:
+            self.stats.retries_total += 1
+            return True
         budget = self.config.retry_budget
         if not budget_allows(self.retries_in_flight, self.in_flight + self.pending, budget.percent,
                              budget.min_concurrency):

@@ -224,9 +224,9 @@ class DataPlane:
         key = ctx.headers.get(hash_header) if hash_header else None
         tried: set[Endpoint] = set()
         attempt = 0
+        budgeted = False  # whether the current try is a retry held against the budget
         while True:
             attempt += 1
-            is_retry = attempt > 1
             try:
                 lease = await cluster.acquire(key, tried)
                 tried.add(lease.endpoint)
@@ -257,9 +257,12 @@ class DataPlane:
                 finally:
                     record.duration = time.monotonic() - record.started
             finally:
-                if is_retry:
+                if budgeted:
                     cluster.end_retry()
-            if attempt >= policy.attempts or reason not in policy.retry_on or not cluster.begin_retry():
+            # A try that never reached an endpoint added no load anywhere, so
+            # its retry is outside the budget: a dead endpoint costs no errors.
+            budgeted = reason != CONNECT_FAILURE
+            if attempt >= policy.attempts or reason not in policy.retry_on or not cluster.begin_retry(budgeted):
                 if attempt > 1:
                     raise GatewayError(error.kind, f"{error.message} (after {attempt} attempts)") from error
                 raise error
@@ -267,7 +270,8 @@ class DataPlane:
             try:
                 await asyncio.sleep(backoff_delay(policy, attempt, self._rng))
             except BaseException:
-                cluster.end_retry()
+                if budgeted:
+                    cluster.end_retry()
                 raise
 
     def _failure(self, exc: Exception, per_try_expired: bool, per_try_timeout: float | None, endpoint: Endpoint,

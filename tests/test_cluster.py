@@ -410,7 +410,7 @@ async def test_retry_budget_limits_retries_under_an_outage(fleet: FakeFleet) -> 
                           "retry_budget: {percent: 0, min_concurrency: 2}}")
     dp = await plane(fleet, text)
     for client in (fleet["two/127.0.0.1:1"], fleet["two/127.0.0.1:2"]):
-        client.always_fail = connect_failure("two", "refused")
+        client.always_fail = connection_reset("two", "reset by peer")
         client.delay = 0.02
     results = await asyncio.gather(*(dp.infer(request("retry_all"), ctx()) for _ in range(20)),
                                    return_exceptions=True)
@@ -419,6 +419,29 @@ async def test_retry_budget_limits_retries_under_an_outage(fleet: FakeFleet) -> 
     calls = fleet["two/127.0.0.1:1"].calls + fleet["two/127.0.0.1:2"].calls
     assert stats.retry_budget_exhausted_total > 0
     assert calls == 20 + stats.retries_total < 20 * 3  # far fewer than every request retrying twice
+    await dp.close()
+
+
+async def test_connect_failures_are_retried_outside_the_budget(fleet: FakeFleet) -> None:
+    # Tries that never reached an endpoint added no load: even a budget of
+    # zero lets them move on, so one dead endpoint costs no client errors.
+    text = CONFIG.replace("outlier_detection: {consecutive_failures: 100}}",
+                          "outlier_detection: {consecutive_failures: 0}, "
+                          "retry_budget: {percent: 0, min_concurrency: 0}}")
+    dp = await plane(fleet, text)
+    dead, alive = fleet["two/127.0.0.1:1"], fleet["two/127.0.0.1:2"]
+    dead.always_fail = connect_failure("two", "refused")
+    dead.delay = alive.delay = 0.02
+    results = await asyncio.gather(*(dp.infer(request("plain"), ctx()) for _ in range(20)))
+    assert all(server_of(r) == "127.0.0.1:2" for r in results)
+    stats = dp.clusters["two"].stats
+    assert stats.retries_total == dead.calls > 0 and stats.retry_budget_exhausted_total == 0
+    assert dp.clusters["two"].retries_in_flight == 0
+    # A reset may have reached the endpoint: that retry needs the budget.
+    dead.always_fail = connection_reset("two", "reset by peer")
+    outcomes = await asyncio.gather(*(dp.infer(request("retry_all"), ctx()) for _ in range(10)),
+                                    return_exceptions=True)
+    assert any(isinstance(o, GatewayError) for o in outcomes) and stats.retry_budget_exhausted_total > 0
     await dp.close()
 
 

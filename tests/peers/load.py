@@ -42,7 +42,8 @@ async def infer(session: aiohttp.ClientSession, base: str, model: str, headers: 
         async with session.post(f"{base}/v2/models/{model}/infer", json=payload or PAYLOAD, headers=headers,
                                 timeout=aiohttp.ClientTimeout(total=timeout)) as reply:
             body = json.loads(await reply.read())
-            server = output(body, "SERVER")[0] if reply.status == 200 else ""
+            named = {o["name"] for o in body.get("outputs", [])} if reply.status == 200 else set()
+            server = output(body, "SERVER")[0] if "SERVER" in named else ""  # only echo peers name themselves
             return Result(started, time.monotonic() - started, reply.status, server, body.get("error", ""), body)
     except (TimeoutError, aiohttp.ClientError, ConnectionError) as exc:
         return Result(started, time.monotonic() - started, 0, error=f"{type(exc).__name__}: {exc}")

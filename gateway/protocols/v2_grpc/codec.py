@@ -20,7 +20,15 @@ import numpy as np
 import orjson
 from google.protobuf.message import DecodeError
 
-from gateway.errors import ErrorKind, GatewayError, invalid, malformed
+from gateway.errors import (
+    ErrorKind,
+    GatewayError,
+    UpstreamFailure,
+    connect_failure,
+    connection_reset,
+    invalid,
+    malformed,
+)
 from gateway.limits import TensorBudget
 from gateway.protocols.v2_grpc import messages as pb
 from gateway.protocols.v2_grpc import rawwire
@@ -98,8 +106,33 @@ def encode_error(error: GatewayError) -> tuple[grpc.StatusCode, str]:
     return CODE_OF_KIND[error.kind], error.message
 
 
+# How grpc core words UNAVAILABLE when the transport failed rather than the
+# server answering: the call never left ("failed to connect to all
+# addresses; last error: ... Connection refused") or the connection died
+# under it ("Stream removed (Socket closed)", "Connection reset by peer").
+_NEVER_CONNECTED = ("failed to connect",)
+_CONNECTION_BROKE = ("socket closed", "connection reset", "broken pipe", "stream removed", "goaway")
+
+
+def transport_failure(code: grpc.StatusCode, details: str | None, upstream: str) -> UpstreamFailure | None:
+    """A retry-relevant transport failure hidden in an UNAVAILABLE status, so
+    retry policies (``connect-failure``, ``reset``) and outlier detection
+    treat gRPC upstreams like HTTP ones; None for anything else."""
+    if code is not grpc.StatusCode.UNAVAILABLE:
+        return None
+    text = (details or "").lower()
+    if any(marker in text for marker in _NEVER_CONNECTED):
+        return connect_failure(upstream, (details or "")[:512])
+    if any(marker in text for marker in _CONNECTION_BROKE):
+        return connection_reset(upstream, (details or "")[:512])
+    return None
+
+
 def decode_error(code: grpc.StatusCode, details: str | None, upstream: str) -> GatewayError:
     """An upstream's gRPC status as a gateway error naming the upstream."""
+    failure = transport_failure(code, details, upstream)
+    if failure is not None:
+        return failure
     kind = KIND_OF_UPSTREAM_CODE.get(code, ErrorKind.UPSTREAM_BAD_RESPONSE)
     if code is grpc.StatusCode.UNKNOWN and "ModelNotFound" in (details or ""):
         kind = ErrorKind.MODEL_NOT_FOUND  # MLServer 1.7's ModelReady/ModelMetadata leave this unmapped

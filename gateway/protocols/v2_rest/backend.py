@@ -18,7 +18,7 @@ import aiohttp
 import orjson
 
 from gateway.confignode import Node
-from gateway.errors import ErrorKind, GatewayError, unsupported
+from gateway.errors import ErrorKind, GatewayError, connect_failure, connection_reset, unsupported
 from gateway.protocols.base import UpstreamClient
 from gateway.protocols.upstream import parse_response_limit, reading_reply, response_limit, too_large_reply
 from gateway.protocols.v2_rest import codec
@@ -116,15 +116,13 @@ class V2RestClient(UpstreamClient):
                     chunks.append(chunk)
                 return Reply(response.status, response.headers, b"".join(chunks))
         except aiohttp.ClientConnectorError as exc:
-            reason = exc.os_error.strerror or str(exc.os_error)
-            raise GatewayError(ErrorKind.UPSTREAM_UNAVAILABLE,
-                               f"upstream {self.label} is unavailable: {reason}") from None
+            # Named failures (not bare kinds): retry policies and outlier
+            # detection tell "never reached it" from "it answered 503".
+            raise connect_failure(self.label, exc.os_error.strerror or str(exc.os_error)) from None
         except aiohttp.ServerDisconnectedError:
-            raise GatewayError(ErrorKind.UPSTREAM_UNAVAILABLE,
-                               f"upstream {self.label} closed the connection without answering") from None
+            raise connection_reset(self.label, "closed the connection without answering") from None
         except aiohttp.ClientConnectionError as exc:
-            raise GatewayError(ErrorKind.UPSTREAM_UNAVAILABLE,
-                               f"connection to upstream {self.label} failed: {str(exc)[:200]}") from None
+            raise connection_reset(self.label, str(exc)[:200]) from None
         except aiohttp.ClientError as exc:  # aiohttp's text may quote the reply: name the failure only
             raise GatewayError(ErrorKind.UPSTREAM_BAD_RESPONSE,
                                f"upstream {self.label} sent an unreadable HTTP reply ({type(exc).__name__})") from None
