@@ -105,7 +105,7 @@ class RequestRecord:
     # Set by the data plane when the request is an inference routed to an
     # upstream: its batch size (gateway.extensions.statistics.batch_size).
     batch_size: int | None = None
-    # Time spent waiting for an upstream slot; 0 until circuit breakers queue.
+    # Time spent waiting for an upstream slot (circuit breaker's line), all attempts.
     queue_seconds: float = 0.0
 
     def fail(self, kind: str, message: str) -> None:

@@ -228,7 +228,9 @@ class DataPlane:
         while True:
             attempt += 1
             try:
+                waiting = time.monotonic()
                 lease = await cluster.acquire(key, tried)
+                ctx.record.queue_seconds += time.monotonic() - waiting
                 tried.add(lease.endpoint)
                 record = UpstreamAttempt(cluster.name, lease.endpoint.address, time.monotonic())
                 ctx.attempts.append(record)

@@ -551,3 +551,16 @@ async def test_backends_see_the_effective_deadline(fleet: FakeFleet) -> None:
     await dp.infer(request("bounded"), ctx(deadline=client_deadline))  # the client's is sooner
     assert fleet["two/127.0.0.1:2"].seen[-1].deadline == client_deadline
     await dp.close()
+
+
+async def test_time_in_the_breakers_line_is_recorded_as_queue_time(fleet: FakeFleet) -> None:
+    text = CONFIG.replace('{name: other, protocol: fake, endpoints: ["127.0.0.1:4"]}',
+                          '{name: other, protocol: fake, endpoints: ["127.0.0.1:4"], '
+                          'circuit_breaker: {max_requests: 1, max_pending: 5}}')
+    dp = await plane(fleet, text)
+    fleet["other/127.0.0.1:4"].delay = 0.2
+    first, second = ctx(), ctx()
+    await asyncio.gather(dp.infer(request("anything"), first), dp.infer(request("anything"), second))
+    waits = sorted((first.record.queue_seconds, second.record.queue_seconds))
+    assert waits[0] < 0.05 and waits[1] >= 0.15  # the second waited for the first's slot
+    await dp.close()

@@ -171,7 +171,7 @@ def test_statistics_count_the_requests_sent(gateway: GatewayProcess, http: httpc
     for stage in ("queue", "compute_input", "compute_infer", "compute_output"):
         assert inference[stage]["count"] == inference["success"]["count"], stage
     assert inference["success"]["ns"] >= inference["compute_infer"]["ns"] > 0
-    assert inference["queue"]["ns"] == 0  # no upstream queue yet
+    assert inference["success"]["ns"] > inference["queue"]["ns"]  # waiting is part of the request's time
     batches = {b["batch_size"]: b["compute_infer"]["count"] for b in stats["batch_stats"]}
     assert {size: batches[size] - base_batches.get(size, 0) for size in (1, 2)} == {2: 3, 1: 2}
     assert stats["last_inference"] > 1.6e12  # milliseconds since the epoch

@@ -11,7 +11,7 @@ Triton's own statistics are not forwarded):
 
 - success / fail: requests answered / failed, with their end-to-end time at
   the gateway (the ``gateway_request_duration_seconds`` observation);
-- queue: time waiting for an upstream slot (0 until circuit breakers queue);
+- queue: time waiting for an upstream slot (the circuit breaker's line);
 - compute_input: translating the request (frontend decode);
 - compute_infer: the upstream call(s), backend translation included;
 - compute_output: translating the response (frontend encode);
