@@ -48,6 +48,10 @@ def _binary_input(datatype: str, shape: list[int], size: int) -> dict[str, Any]:
                         "parameters": {"binary_data_size": size}}]}
 
 
+# Binary data cannot disagree with a shape before it is read: over the limit is 413.
+_HUGE_BINARY_HEAD = (b'{"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1099511627776], '
+                     b'"parameters": {"binary_data_size": 4}}]}')
+
 # (name, path, body, headers, status, words expected in the message)
 CASES: list[tuple[str, str, bytes, dict[str, str], int, str]] = [
     ("malformed json", SIMPLE, b'{"inputs": [', {}, 400, "not valid JSON"),
@@ -60,8 +64,12 @@ CASES: list[tuple[str, str, bytes, dict[str, str], int, str]] = [
     ("unknown datatype", IDENTITY, _identity_json("FLOAT32", [1], [1.0]), {}, 400, "unknown datatype 'FLOAT32'"),
     ("shape vs data mismatch", IDENTITY, _identity_json("FP32", [2, 3], [1, 2, 3, 4]), {}, 400,
      "has 4 data elements but shape [2, 3] needs 6"),
-    ("huge declared shape", IDENTITY, _identity_json("FP32", [1 << 40], [1, 2, 3, 4]), {}, 413,
-     "over the limit"),
+    ("huge declared shape", IDENTITY, _identity_json("FP32", [1 << 40], [1, 2, 3, 4]), {}, 400,
+     "has 4 data elements but shape [1099511627776] needs 1099511627776"),
+    ("huge nested shape", IDENTITY, _identity_json("FP32", [1 << 20, 1 << 20], [[1, 2], [3, 4]]), {}, 400,
+     "has 4 data elements but shape [1048576, 1048576] needs 1099511627776"),
+    ("huge shape, binary", IDENTITY, _HUGE_BINARY_HEAD + b"\0" * 4,
+     {"Inference-Header-Content-Length": str(len(_HUGE_BINARY_HEAD))}, 413, "over the limit"),
     ("huge shape under limit", IDENTITY, _identity_json("INT8", [1 << 16, 1 << 10], [1, 2, 3, 4]), {}, 400,
      "has 4 data elements but shape [65536, 1024] needs 67108864"),
     ("negative dimension", IDENTITY, _identity_json("FP32", [-4], [1, 2, 3, 4]), {}, 400, "negative dimension"),

@@ -32,6 +32,7 @@ from gateway.types import (
     Tensor,
     TensorSpec,
     check_datatype,
+    element_count,
 )
 
 if TYPE_CHECKING:
@@ -174,6 +175,24 @@ def float_to_bf16(values: np.ndarray) -> np.ndarray:
 
 def bf16_to_float(bits: np.ndarray) -> np.ndarray:
     return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def _json_leaf_count(data: Any) -> int:
+    """Elements of JSON ``data``, flat or nested, following the first
+    element of each level (ragged data is caught later, when parsed)."""
+    if not isinstance(data, list):
+        return 1
+    if data and isinstance(data[0], list):
+        return sum(_json_leaf_count(row) for row in data)
+    return len(data)
+
+
+def _check_json_count(data: list[Any], shape: list[Any], where: str) -> None:
+    """Raise the shape-versus-data error when ``data`` does not fill ``shape``."""
+    needed = element_count(shape, where)
+    held = _json_leaf_count(data)
+    if held != needed:
+        raise invalid(f"{where}: has {held} data elements but shape {list(shape)} needs {needed}")
 
 
 def array_from_json(data: Any, datatype: str, shape: tuple[int, ...], count: int, where: str,
@@ -339,7 +358,14 @@ def decode_tensors(items: Any, binary: memoryview, where: str, max_elements: int
         label = f"{where} '{name}'"
         datatype = check_datatype(_required(item, "datatype", str, label), label)
         shape_list = _required(item, "shape", list, label)
-        count = budget.claim(datatype, shape_list, label)
+        try:
+            count = budget.claim(datatype, shape_list, label)
+        except GatewayError as error:
+            # A shape over the limits whose JSON data plainly disagrees with it
+            # is the client's mistake (400), not a request that is too big.
+            if error.kind is ErrorKind.TOO_LARGE and isinstance(item.get("data"), list):
+                _check_json_count(item["data"], shape_list, label)
+            raise
         parameters = dict(_optional(item, "parameters", dict, label, {}))
         size = parameters.pop(BINARY_DATA_SIZE, None)
         if size is not None:
