@@ -238,7 +238,7 @@ http {{
         from peers.umbridge_peer import UmbridgePeer
 
         ml = self.mlserver
-        _, gw = self.gateway("e", _proxy_config(f"v2-grpc, endpoints: ['{ml.grpc_address}']"))
+        gw_proc, gw = self.gateway("e", _proxy_config(f"v2-grpc, endpoints: ['{ml.grpc_address}']"))
         a = np.arange(16, dtype=np.int32).reshape(1, 16)
 
         def grpc_call(client: Any) -> Callable[[], None]:
@@ -253,6 +253,9 @@ http {{
         via_ms = median_ms(timed(grpc_call(via), self.repeat * 10, warmup=20))
         self.report.add(Row("e", "gRPC->gRPC simple, p50", {"direct": direct_ms, "via gateway": via_ms},
                             via_ms - direct_ms, "added ms (reported)", unit="ms"))
+        self._grpc_big_tensor(gw_proc, via, direct)
+        via.close()
+        direct.close()
 
         umbridge_dir = self.workdir / "umbridge"
         umbridge_dir.mkdir()
@@ -281,6 +284,32 @@ http {{
                                     "added ms (reported)", unit="ms"))
         finally:
             peer.stop()
+
+    def _grpc_big_tensor(self, gw_proc: Process, via: Any, direct: Any, mib: int = 16) -> None:
+        """A raw FP32 tensor gRPC -> gateway -> MLServer gRPC vs gRPC direct:
+        time per request, and the gateway's peak RSS growth."""
+        import tritonclient.grpc as grpcclient
+
+        array = np.random.default_rng(mib).random(mib << 18, dtype=np.float32).reshape(1, -1)
+        baseline = gw_proc.rss_bytes()
+
+        def call(client: Any) -> Callable[[], None]:
+            def infer() -> None:
+                item = grpcclient.InferInput("INPUT0", list(array.shape), "FP32")
+                item.set_data_from_numpy(array)
+                out = client.infer("identity_fp32", [item]).as_numpy("OUTPUT0")
+                assert out is not None and out.shape == array.shape
+            return infer
+
+        repeat = max(3, self.repeat // 4)
+        via_ms = median_ms(timed(call(via), repeat, warmup=1))
+        direct_ms = median_ms(timed(call(direct), repeat, warmup=1))
+        self.report.add(Row("e", f"gRPC->gRPC {mib} MiB FP32 raw, time per request",
+                            {"direct": direct_ms, "via gateway": via_ms}, via_ms / direct_ms,
+                            "via gateway/direct (reported)", unit="ms"))
+        growth = (gw_proc.rss_peak_bytes() - baseline) / array.nbytes
+        self.report.add(Row("e", f"gRPC->gRPC {mib} MiB gateway peak RSS growth / payload", {"gateway": growth},
+                            growth, "(reported)", unit="x"))
 
     def scenario_f(self) -> None:
         """Worker processes: 1 vs N on the builtin model."""
