@@ -155,6 +155,19 @@ async def test_outputs_changed_on_the_way_are_re_encoded(standin: GrpcStandin) -
         assert passthrough_count(gateway, "response", "translated") == 1
 
 
+async def test_classification_is_translated(standin: GrpcStandin) -> None:
+    """The gateway classifies: the upstream must get the request without the
+    classification parameter (a Triton would classify too), so re-encoded."""
+    request = client_request()
+    message = pb.ModelInferRequest.FromString(request)
+    message.outputs.add(name="OUTPUT0").parameters["classification"].int64_param = 2
+    async with InProcessGateway(gateway_config(standin)) as gateway:
+        reply = pb.ModelInferResponse.FromString(await call(gateway, message.SerializeToString()))
+    sent = pb.ModelInferRequest.FromString(standin.received[0])
+    assert [dict(o.parameters) for o in sent.outputs] == [{}]
+    assert [o.datatype for o in reply.outputs] == ["BYTES"]
+
+
 async def test_typed_listener_gets_typed_contents(standin: GrpcStandin) -> None:
     async with InProcessGateway(gateway_config(standin, output_contents="typed")) as gateway:
         reply = pb.ModelInferResponse.FromString(await call(gateway, client_request()))
