@@ -79,6 +79,15 @@ class Process:
         match = re.search(r"VmRSS:\s+(\d+) kB", text)
         return int(match.group(1)) * 1024 if match else 0
 
+    def cpu_seconds(self) -> float:
+        """CPU time (user + system) the process has used so far: on a shared
+        machine a steadier measure of its own cost than wall time."""
+        try:
+            fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return 0.0
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def stop(self, timeout: float = 15.0) -> None:
         if self.proc.poll() is None:
             try:
@@ -164,6 +173,22 @@ def timed(call: Callable[[], Any], repeat: int, warmup: int = 2) -> list[float]:
         start = time.perf_counter()
         call()
         times.append(time.perf_counter() - start)
+    return times
+
+
+def interleaved(calls: dict[str, Callable[[], Any]], repeat: int, warmup: int = 2) -> dict[str, list[float]]:
+    """Wall times in seconds per variant, the variants taking turns call by
+    call (in rotating order), so that load from elsewhere hits them alike."""
+    names = list(calls)
+    for _ in range(warmup):
+        for name in names:
+            calls[name]()
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for i in range(repeat):
+        for name in names[i % len(names):] + names[:i % len(names)]:
+            start = time.perf_counter()
+            calls[name]()
+            times[name].append(time.perf_counter() - start)
     return times
 
 

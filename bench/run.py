@@ -8,7 +8,8 @@ Scenarios (issue #8):
   b  gateway REST on a builtin model vs MLServer REST on the same model (throughput)
   c  16/64 MiB FP32: tritonclient binary REST -> gateway -> MLServer gRPC vs tritonclient gRPC direct
   d  1M-element FP32 JSON infer: gateway vs MLServer
-  e  gRPC -> gRPC pass-through, UM-Bridge Evaluate (1 and 65,536 values): added latency
+  e  gRPC -> gRPC pass-through (small and 16 MiB raw; passthrough on and off: latency, gateway CPU, RSS),
+     UM-Bridge Evaluate (1 and 65,536 values): added latency
   f  1 vs N gateway worker processes (throughput)
 
 The machine is small and shared: only ratios measured within one run count.
@@ -36,7 +37,7 @@ REPO = BENCH.parent
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(BENCH))
 
-from harness import Process, Report, Row, median_ms, timed, wait_port, wrk  # noqa: E402
+from harness import Process, Report, Row, interleaved, median_ms, timed, wait_port, wrk  # noqa: E402
 
 RESULTS = BENCH / "results"
 
@@ -238,7 +239,10 @@ http {{
         from peers.umbridge_peer import UmbridgePeer
 
         ml = self.mlserver
-        _, gw = self.gateway("e", _proxy_config(f"v2-grpc, endpoints: ['{ml.grpc_address}']"))
+        upstream = f"v2-grpc, endpoints: ['{ml.grpc_address}']"
+        gw_proc, gw = self.gateway("e", _proxy_config(upstream))
+        # The same hop decoding and re-encoding (the path before the pass-through).
+        off_proc, off = self.gateway("e-translated", _proxy_config(upstream + ", passthrough: false"))
         a = np.arange(16, dtype=np.int32).reshape(1, 16)
 
         def grpc_call(client: Any) -> Callable[[], None]:
@@ -248,11 +252,14 @@ http {{
             return lambda: client.infer("simple", inputs)
 
         direct = grpcclient.InferenceServerClient(ml.grpc_address)
-        via = grpcclient.InferenceServerClient(f"127.0.0.1:{gw['grpc']}")
-        direct_ms = median_ms(timed(grpc_call(direct), self.repeat * 10, warmup=20))
-        via_ms = median_ms(timed(grpc_call(via), self.repeat * 10, warmup=20))
-        self.report.add(Row("e", "gRPC->gRPC simple, p50", {"direct": direct_ms, "via gateway": via_ms},
-                            via_ms - direct_ms, "added ms (reported)", unit="ms"))
+        arms = {"via gateway": (gw_proc, grpcclient.InferenceServerClient(f"127.0.0.1:{gw['grpc']}")),
+                "via gateway, passthrough off": (off_proc,
+                                                 grpcclient.InferenceServerClient(f"127.0.0.1:{off['grpc']}"))}
+        calls = {"direct": grpc_call(direct), **{name: grpc_call(client) for name, (_, client) in arms.items()}}
+        self._compare("gRPC->gRPC simple", arms, calls, self.repeat * 10, warmup=20)
+        self._grpc_big_tensor(arms, direct)
+        for client in (direct, *(c for _, c in arms.values())):
+            client.close()
 
         umbridge_dir = self.workdir / "umbridge"
         umbridge_dir.mkdir()
@@ -281,6 +288,44 @@ http {{
                                     "added ms (reported)", unit="ms"))
         finally:
             peer.stop()
+
+    def _compare(self, what: str, arms: dict[str, tuple[Process, Any]], calls: dict[str, Callable[[], None]],
+                 repeat: int, warmup: int) -> None:
+        """p50 of ``calls`` taking turns ("direct" first), and the CPU time
+        each gateway spent per request (steadier than wall time when the
+        machine is shared)."""
+        cpu = {name: proc.cpu_seconds() for name, (proc, _) in arms.items()}
+        times = {name: median_ms(t) for name, t in interleaved(calls, repeat, warmup).items()}
+        self.report.add(Row("e", f"{what}, p50", times, times["via gateway"] - times["direct"],
+                            "added ms (reported)", unit="ms"))
+        per_request = {name: (proc.cpu_seconds() - cpu[name]) * 1000 / (repeat + warmup)
+                       for name, (proc, _) in arms.items()}
+        off = per_request["via gateway, passthrough off"]
+        self.report.add(Row("e", f"{what}, gateway CPU per request", per_request,
+                            per_request["via gateway"] / off if off else None, "passthrough/off (reported)",
+                            unit="ms"))
+
+    def _grpc_big_tensor(self, arms: dict[str, tuple[Process, Any]], direct: Any, mib: int = 16) -> None:
+        """A raw FP32 tensor gRPC -> gateway -> MLServer gRPC vs gRPC direct:
+        time per request, gateway CPU, and each gateway's peak RSS growth."""
+        import tritonclient.grpc as grpcclient
+
+        array = np.random.default_rng(mib).random(mib << 18, dtype=np.float32).reshape(1, -1)
+        baselines = {name: proc.rss_bytes() for name, (proc, _) in arms.items()}
+
+        def call(client: Any) -> Callable[[], None]:
+            def infer() -> None:
+                item = grpcclient.InferInput("INPUT0", list(array.shape), "FP32")
+                item.set_data_from_numpy(array)
+                out = client.infer("identity_fp32", [item]).as_numpy("OUTPUT0")
+                assert out is not None and out.shape == array.shape
+            return infer
+
+        calls = {"direct": call(direct), **{name: call(client) for name, (_, client) in arms.items()}}
+        self._compare(f"gRPC->gRPC {mib} MiB FP32 raw", arms, calls, max(3, self.repeat // 4), warmup=1)
+        growth = {name: (proc.rss_peak_bytes() - baselines[name]) / array.nbytes for name, (proc, _) in arms.items()}
+        self.report.add(Row("e", f"gRPC->gRPC {mib} MiB gateway peak RSS growth / payload", growth,
+                            growth["via gateway"], "(reported)", unit="x"))
 
     def scenario_f(self) -> None:
         """Worker processes: 1 vs N on the builtin model."""

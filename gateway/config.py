@@ -165,6 +165,9 @@ class UpstreamConfig:
     retry_budget: RetryBudget = RetryBudget()
     tls: UpstreamTls | None = None  # TLS / mTLS toward the endpoints
     auth: CredentialConfig | None = None  # a credential header sent on every call
+    # Forward the client's bytes unchanged when client and upstream speak the
+    # same protocol and nothing needs translation (docs/performance.md).
+    passthrough: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -602,6 +605,7 @@ def _upstream(item: Node, base_dir: Path) -> UpstreamConfig | None:
         retry_budget=_retry_budget(item.child("retry_budget", None)),
         tls=parse_upstream_tls(item.child("tls", None), base_dir),
         auth=parse_credential_config(item.child("auth", None), base_dir),
+        passthrough=item.flag("passthrough", True),
     )
     item.check_no_unknown_keys()
     return upstream if name and protocol else None

@@ -15,7 +15,8 @@ Recording methods other modules call (names are the contract):
   ``record_circuit_breaker_rejection(upstream)``,
   ``record_ejection(upstream, endpoint)``,
   ``set_endpoint_health(upstream, endpoint, healthy)``,
-  ``record_reload(success)``, ``observe_translation(side, protocol, stage, seconds)``.
+  ``record_reload(success)``, ``observe_translation(side, protocol, stage, seconds)``,
+  ``record_passthrough(protocol, upstream, direction, passed)``.
 
 Several worker processes (``gateway serve --workers N``) share one directory
 of memory-mapped files (prometheus-client's multiprocess mode); ``render``
@@ -189,6 +190,10 @@ class GatewayMetrics:
         self.worker_restarts = Counter(
             "gateway_worker_restarts", "Worker processes restarted by the supervisor after they exited "
             "unexpectedly (counted by each restarted worker).", registry=r)
+        self.passthrough = Counter(
+            "gateway_passthrough", "Inference payloads between a client and an upstream of the same "
+            "protocol: forwarded verbatim (mode passthrough) or decoded and re-encoded (mode translated); "
+            "direction is request or response.", ("protocol", "upstream", "direction", "mode"), registry=r)
 
         self.build_info.labels(version, platform.python_version()).set(1)
         self.worker_processes.set(1)
@@ -282,6 +287,15 @@ class GatewayMetrics:
         if child is None:
             child = self._cache[key] = self.upstream_requests.labels(upstream, endpoint, outcome)
         return child
+
+    def record_passthrough(self, protocol: str, upstream: str, direction: str, passed: bool) -> None:
+        """One same-protocol payload: forwarded verbatim (``passed``) or translated."""
+        key = ("passthrough", protocol, upstream, direction, passed)
+        child = self._cache.get(key)
+        if child is None:
+            mode = "passthrough" if passed else "translated"
+            child = self._cache[key] = self.passthrough.labels(protocol, upstream, direction, mode)
+        child.inc()
 
     # --- resilience events (wired by the proxy and server) ------------------
 

@@ -46,6 +46,8 @@ upstreams:
   - {{name: local, protocol: builtin, gnn: {{num_classes: 3}}}}
   - {{name: standin, protocol: graphstorm, endpoints: ["127.0.0.1:{standin}"], timeout: 10s}}
   - {{name: dead, protocol: graphstorm, endpoints: ["127.0.0.1:{dead}"], timeout: 5s}}
+  - {{name: standin-translated, protocol: graphstorm, endpoints: ["127.0.0.1:{standin}"], timeout: 10s,
+      passthrough: false}}
 routes:
   - match: {{model: gnn, listener: gs}}
     upstream: local
@@ -59,6 +61,10 @@ routes:
     rewrite: {{model: gnn}}
   - match: {{model: remote, listener: gs}}
     upstream: standin
+    options: {{graphstorm: {{graph_schema: "{schema}"}}}}
+  - match: {{model: remote-translated, listener: gs}}
+    upstream: standin-translated
+    rewrite: {{model: remote}}
     options: {{graphstorm: {{graph_schema: "{schema}"}}}}
   - match: {{model: remote-open}}
     upstream: standin
@@ -227,6 +233,21 @@ def test_raw_body_is_forwarded_byte_for_byte(gateway: GatewayProcess, http: requ
     results = answer["data"]["results"]
     assert [(r["node_type"], r["node_id"]) for r in results] == [("user", "a1"), ("movie", "m2"), ("movie", "m1")]
     assert results[1]["prediction"] == probabilities("movie/m2", 2)
+
+
+def test_passthrough_off_re_encodes(gateway: GatewayProcess, http: requests.Session, standin: StandIn) -> None:
+    """`passthrough: false`: the endpoint gets the gateway's own encoding of
+    the same graph, and the client the same predictions under its own uid."""
+    text = json.dumps(movielens(), indent=3, sort_keys=True)
+    body = text.encode()
+    answer, _ = invoke(gateway, http, body, model="remote-translated")
+    assert answer["status_code"] == 200, answer
+    assert standin_last(standin)["sha256"] != hashlib.sha256(body).hexdigest()
+    assert answer["request_uid"] == uid(body)
+    results = answer["data"]["results"]
+    assert [(r["node_type"], r["node_id"]) for r in results] == [("user", "a1"), ("movie", "m2"), ("movie", "m1")]
+    # decoded into FP32 tensors on the way back, unlike the relayed answer
+    np.testing.assert_allclose(results[1]["prediction"], probabilities("movie/m2", 2), rtol=1e-6)
 
 
 def test_upstream_answers_pass_through_unchanged(gateway: GatewayProcess, http: requests.Session,

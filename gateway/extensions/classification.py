@@ -42,10 +42,11 @@ def requested(request: InferRequest) -> dict[str, int]:
 
 def without_parameter(request: InferRequest) -> InferRequest:
     """The request with the classification parameters removed: the gateway
-    classifies, so an upstream Triton must return the raw tensor."""
+    classifies, so an upstream Triton must return the raw tensor. The
+    client's own bytes still ask for classification: they are dropped."""
     outputs = [RequestedOutput(o.name, {k: v for k, v in o.parameters.items() if k != PARAMETER})
                for o in request.outputs]
-    return dataclasses.replace(request, outputs=outputs)
+    return dataclasses.replace(request, outputs=outputs, raw=None)
 
 
 def _ascending_keys(rows: np.ndarray) -> np.ndarray:

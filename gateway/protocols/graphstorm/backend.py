@@ -73,6 +73,8 @@ class GraphStormClient(UpstreamClient):
 
     async def infer(self, request: InferRequest, ctx: RequestContext) -> InferResponse:
         raw = request.raw if request.raw is not None and request.raw.protocol == PROTOCOL else None
+        if not self.upstream.passthrough:  # `passthrough: false`: always re-encoded
+            raw = None
         graph: GraphTensors | None = None
         if raw is not None:
             body = raw.body

@@ -7,6 +7,7 @@ parsed here (not by grpc) so an unparseable one is reported clearly.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,8 +18,9 @@ from gateway.confignode import Node
 from gateway.errors import ErrorKind, GatewayError, malformed
 from gateway.protocols.base import UpstreamClient
 from gateway.protocols.upstream import parse_response_limit, reading_reply, response_limit
-from gateway.protocols.v2_grpc import codec, extensions
+from gateway.protocols.v2_grpc import codec, extensions, passthrough
 from gateway.protocols.v2_grpc import messages as pb
+from gateway.protocols.v2_grpc.passthrough import PROTOCOL
 from gateway.tls import grpc_channel_credentials, grpc_channel_options
 from gateway.types import (
     MODEL_CONFIG_OPERATION,
@@ -29,6 +31,7 @@ from gateway.types import (
     RequestContext,
 )
 
+log = logging.getLogger(__name__)
 # Reconnect soon after an upstream comes back (grpc's default backoff grows to 120 s).
 _MAX_RECONNECT_BACKOFF_MS = 5000
 
@@ -95,10 +98,24 @@ class V2GrpcClient(UpstreamClient):
 
     async def infer(self, request: InferRequest, ctx: RequestContext) -> InferResponse:
         # Serialized by hand and parsed by hand: raw tensors are never copied
-        # through protobuf objects (see rawwire).
-        reply = await self._call("ModelInfer", codec.encode_infer_request(request), ctx, parse=False)
+        # through protobuf objects (see rawwire). A V2 gRPC client's own
+        # bytes go as they are (see passthrough).
+        payload = passthrough.client_bytes(request)
+        passed = payload is not None and self.upstream.passthrough
+        if payload is not None:
+            self.services.metrics.record_passthrough(PROTOCOL, self.upstream.name, "request", passed)
+        if payload is not None and passed:
+            body = passthrough.upstream_bytes(payload, request)
+            log.debug("request %s: ModelInfer bytes forwarded unchanged to %s", ctx.request_id, self.label)
+        else:
+            body = codec.encode_infer_request(request)
+        reply = await self._call("ModelInfer", body, ctx, parse=False)
         with reading_reply(self.label):
-            return codec.decode_infer_response(reply, self.services.config.limits.max_tensor_elements)
+            response, raw_outputs = codec.decode_infer_response_form(
+                reply, self.services.config.limits.max_tensor_elements)
+        if passed:  # the client may get these bytes back (the frontend decides)
+            response.raw = passthrough.response_payload(reply, response, raw_outputs)
+        return response
 
     async def model_metadata(self, model: str, version: str, ctx: RequestContext) -> ModelMetadata:
         reply = await self._call("ModelMetadata", pb.ModelMetadataRequest(name=model, version=version), ctx)

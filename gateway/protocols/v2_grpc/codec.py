@@ -336,10 +336,16 @@ def encode_infer_request(request: InferRequest) -> bytes:
 
 def decode_infer_response(data: bytes | memoryview, max_elements: int) -> InferResponse:
     """A serialized ModelInferResponse; raw outputs stay views into ``data``."""
+    return decode_infer_response_form(data, max_elements)[0]
+
+
+def decode_infer_response_form(data: bytes | memoryview, max_elements: int) -> tuple[InferResponse, bool]:
+    """:func:`decode_infer_response`, and whether the outputs' data came in
+    ``raw_output_contents`` (else typed, or there was none)."""
     message, raw = _parse(data, pb.ModelInferResponse, "raw_output_contents")
     outputs = decode_tensors(message.outputs, raw, "output", max_elements)
     return InferResponse(message.model_name, message.model_version, message.id, outputs,
-                         parameters_from_proto(message.parameters))
+                         parameters_from_proto(message.parameters)), bool(raw)
 
 
 def decode_model_metadata(message: Any) -> ModelMetadata:

@@ -38,7 +38,7 @@ from gateway.observe import (
     operation_label,
 )
 from gateway.protocols.base import Frontend
-from gateway.protocols.v2_grpc import codec, extensions
+from gateway.protocols.v2_grpc import codec, extensions, passthrough
 from gateway.protocols.v2_grpc import messages as pb
 from gateway.tls import ServerTls
 from gateway.types import RequestContext
@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from gateway.config import Limits
 
 log = logging.getLogger(__name__)
-PROTOCOL = "v2-grpc"
+PROTOCOL = passthrough.PROTOCOL
 # RPCs whose handler parses the request bytes itself (raw tensors stay
 # zero-copy views; see rawwire).
 PARSED_BY_HANDLER = frozenset({"ModelInfer"})
@@ -320,11 +320,20 @@ class V2GrpcFrontend(Frontend):
         started = time.perf_counter()
         limits = self.services.config.limits
         infer_request = codec.decode_infer_request(data, limits.max_tensor_elements, limits)
+        # A V2 gRPC upstream may get these very bytes (see passthrough).
+        infer_request.raw = passthrough.request_payload(data, infer_request)
         self._adopt_message_id(ctx, infer_request.id)
         ctx.record.decode_seconds = time.perf_counter() - started
         response = await self.extensions.infer(infer_request, ctx)
         started = time.perf_counter()
-        reply = codec.encode_infer_response(response, typed=self.options.output_contents == "typed")
+        typed = self.options.output_contents == "typed"
+        reply = passthrough.reply_bytes(response, typed)
+        if isinstance(response.raw, passthrough.GrpcPayload):
+            self.services.metrics.record_passthrough(PROTOCOL, ctx.record.upstream, "response", reply is not None)
+        if reply is None:
+            reply = codec.encode_infer_response(response, typed=typed)
+        else:
+            log.debug("request %s: the upstream's ModelInfer reply relayed unchanged", ctx.request_id)
         ctx.record.encode_seconds = time.perf_counter() - started
         return reply
 

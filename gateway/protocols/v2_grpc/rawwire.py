@@ -9,7 +9,9 @@ the same as setting them, so:
 - :func:`serialize` writes the small "head" message with protobuf and
   appends each raw entry as a field of its own: one copy, into the result;
 - :func:`split` walks the top-level fields of received bytes, hands the head
-  fields to protobuf and returns the raw entries as zero-copy memoryviews.
+  fields to protobuf and returns the raw entries as zero-copy memoryviews;
+- :func:`string_field` writes one string field, which appended to a
+  serialized message replaces that field's value (see passthrough).
 """
 
 from __future__ import annotations
@@ -32,6 +34,13 @@ def _varint(value: int) -> bytes:
         else:
             out.append(byte)
             return bytes(out)
+
+
+def string_field(field_number: int, value: str) -> bytes:
+    """One serialized string field. Appended to a message it overrides an
+    earlier value of a singular field: parsers keep the last one."""
+    encoded = value.encode()
+    return _varint(field_number << 3 | _LENGTH_DELIMITED) + _varint(len(encoded)) + encoded
 
 
 def serialize(head: Any, field_number: int, chunks: Sequence[Any]) -> bytes:
