@@ -70,7 +70,8 @@ class GatewayProcess:
 
     def start(self, timeout: float = 30.0) -> GatewayProcess:
         env = {**os.environ, **self.extra_env}
-        self._log = open(self.log_path, "wb")
+        self.port_file.unlink(missing_ok=True)  # a restart must wait for the new process's file
+        self._log = open(self.log_path, "ab" if self.proc is not None else "wb")  # a restart appends
         self.proc = subprocess.Popen(
             [sys.executable, "-m", self.module, "--log-level", os.environ.get("GW_TEST_LOG", "info"), "serve",
              "--config", str(self.config_path), "--port-file", str(self.port_file), *self.extra_args],
