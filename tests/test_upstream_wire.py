@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import requests
 import tritonclient.grpc as grpcclient
+from test_tracing import OtlpReceiver
 from tritonclient.utils import InferenceServerException
 
 from peers.recording_upstream import DELAY_HEADER, RecordingUpstream
@@ -132,3 +133,39 @@ def test_malformed_traceparent_is_not_forwarded(gateway: GatewayProcess, recorde
     grpc_infer(gateway, "traced", headers)
     call = recorder.call_with("x-request-id", "bad-trace")
     assert "traceparent" not in call["headers"] and "tracestate" not in call["headers"], call["headers"]
+
+
+@pytest.fixture(scope="module")
+def traced_gateway(recorder: RecordingUpstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    """The same gateway with tracing on; its spans go to an OTLP receiver
+    (test_tracing's) only so that exporting them never waits on retries."""
+    directory = tmp_path_factory.mktemp("wire-traced")
+    receiver = OtlpReceiver()
+    receiver.thread.start()
+    config = gateway_config(recorder) + f"""
+observability:
+  tracing: {{enabled: true, endpoint: "{receiver.endpoint}"}}
+"""
+    try:
+        with GatewayProcess(write_config(directory, config), directory / "gateway.log") as gw:
+            yield gw
+    finally:
+        receiver.server.shutdown()
+        receiver.server.server_close()
+
+
+@pytest.mark.parametrize("hop", ["rest", "grpc"])
+def test_with_tracing_the_upstreams_parent_is_the_gateways_span(traced_gateway: GatewayProcess,
+                                                                  recorder: RecordingUpstream, hop: str) -> None:
+    marker = f"traced-via-{hop}"
+    reply = requests.post(f"http://{traced_gateway.url('rest')}/v2/models/traced/infer", json=SIMPLE_INFER_REQUEST,
+                          headers={"x-hop": hop, "x-request-id": marker, "traceparent": TRACEPARENT,
+                                   "tracestate": TRACESTATE}, timeout=10)
+    assert reply.status_code == 200, reply.text
+    gateway_span = reply.headers["traceparent"]
+    version, trace, span_id, flags = gateway_span.split("-")
+    client_trace, client_span = TRACEPARENT.split("-")[1:3]
+    assert (version, trace, flags) == ("00", client_trace, "01") and span_id != client_span
+    sent = recorder.call_with("x-request-id", marker)["headers"]
+    assert sent["traceparent"] == gateway_span  # same trace, parent = the gateway's span
+    assert sent["tracestate"] == TRACESTATE
