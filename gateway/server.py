@@ -27,6 +27,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.protocols import registry
 from gateway.protocols.base import Frontend
 from gateway.proxy import DataPlane
+from gateway.tls import server_ssl_context
 from gateway.tracing import Tracing
 
 log = logging.getLogger(__name__)
@@ -76,6 +77,21 @@ def restart_needed(running: GatewayConfig, new: GatewayConfig) -> list[str]:
     return [f"{section}: changed, which needs a restart (a reload applies upstreams, routes, drain, "
             "readiness and reload)" for section in RESTART_SECTIONS
             if getattr(running, section) != getattr(new, section)]
+
+
+def listener_tls_problems(config: GatewayConfig) -> list[str]:
+    """Listener certificates and keys of ``config`` that do not load. A
+    reload with any is refused whole, so a broken rotation is reported and
+    the running material keeps serving."""
+    problems = []
+    for index, listener in enumerate(config.listeners):
+        if listener.tls is not None:
+            try:
+                server_ssl_context(listener.tls)
+            except (OSError, ssl.SSLError) as exc:
+                problems.append(f"listeners[{index}].tls: cannot load {listener.tls.cert} and "
+                                f"{listener.tls.key}: {exc}")
+    return problems
 
 
 class Gateway:
@@ -187,7 +203,7 @@ class Gateway:
                 return self._reload_failed(source, ["<reload>: the gateway is shutting down"])
             try:
                 config = self._prepare(load_config(self.config_path))
-                problems = restart_needed(self.config, config)
+                problems = restart_needed(self.config, config) or listener_tls_problems(config)
                 if problems:
                     raise ConfigError(problems)
                 services = dataclasses.replace(self.services, config=config)

@@ -162,8 +162,8 @@ class ServerTls:
         Raises OSError or ssl.SSLError and keeps the old material if they
         cannot be read."""
         tls = tls or self.tls
+        server_ssl_context(tls)  # check the new files before touching the live material
         if self._context is not None:
-            server_ssl_context(tls)  # check the new files before touching the live context
             _load_server_files(self._context, tls)
         else:
             self._grpc_pending = _grpc_server_configuration(tls)

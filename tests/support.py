@@ -70,7 +70,8 @@ class GatewayProcess:
 
     def start(self, timeout: float = 30.0) -> GatewayProcess:
         env = {**os.environ, **self.extra_env}
-        self._log = open(self.log_path, "wb")
+        self.port_file.unlink(missing_ok=True)  # a restart must wait for the new process's file
+        self._log = open(self.log_path, "ab" if self.proc is not None else "wb")  # a restart appends
         self.proc = subprocess.Popen(
             [sys.executable, "-m", self.module, "--log-level", os.environ.get("GW_TEST_LOG", "info"), "serve",
              "--config", str(self.config_path), "--port-file", str(self.port_file), *self.extra_args],
@@ -159,3 +160,20 @@ observability:
 SIMPLE_INFER_REQUEST = {"inputs": [
     {"name": "INPUT0", "datatype": "INT32", "shape": [1, 16], "data": list(range(16))},
     {"name": "INPUT1", "datatype": "INT32", "shape": [1, 16], "data": [1] * 16}]}
+
+
+def scrape_metrics(gw: GatewayProcess) -> list[tuple[str, dict[str, str], float]]:
+    """The gateway's ``/metrics`` (admin listener) as (sample name, labels, value)."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{gw.ports['admin']}/metrics", timeout=10) as reply:
+        text = reply.read().decode()
+    return [(s.name, s.labels, s.value) for family in text_string_to_metric_families(text) for s in family.samples]
+
+
+def metric_value(samples: list[tuple[str, dict[str, str], float]], name: str, **labels: str) -> float:
+    """The sum of ``name``'s samples whose labels include ``labels`` (0 if none)."""
+    return sum(value for sample, have, value in samples
+               if sample == name and all(have.get(k) == v for k, v in labels.items()))

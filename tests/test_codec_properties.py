@@ -121,7 +121,29 @@ def test_v2_rest_binary_response_round_trip(request: InferRequest) -> None:
     assert_same_tensors(decoded.outputs, response.outputs)
 
 
+@PROPERTIES
+@given(requests(json_safe=True), st.dictionaries(st.text(min_size=1, max_size=6), st.integers(-99, 99), max_size=2))
+def test_v2_rest_json_response_round_trip(request: InferRequest, parameters: dict[str, Any]) -> None:
+    response = InferResponse("m", "1", request.id, request.inputs, parameters)
+    body, headers = v2_rest.encode_infer_response(response, InferRequest("m"))  # JSON unless asked
+    assert v2_rest.HEADER_LENGTH not in headers
+    decoded = v2_rest.decode_infer_response(body, None, MAX)
+    assert (decoded.model_name, decoded.model_version, decoded.id) == ("m", "1", request.id)
+    assert decoded.parameters == parameters
+    assert [(t.name, t.datatype, t.shape) for t in decoded.outputs] == [
+        (t.name, t.datatype, t.shape) for t in response.outputs]
+    for got, want in zip(decoded.outputs, response.outputs, strict=True):
+        _json_equal(got, want)
+
+
 # --- V2 gRPC ------------------------------------------------------------------------
+
+# The typed contents field of each datatype, as the Open Inference Protocol's
+# InferTensorContents declares them (FP16 and BF16 have none: raw only).
+TYPED_CONTENTS = {"BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents",
+                  "INT32": "int_contents", "INT64": "int64_contents", "UINT8": "uint_contents",
+                  "UINT16": "uint_contents", "UINT32": "uint_contents", "UINT64": "uint64_contents",
+                  "FP32": "fp32_contents", "FP64": "fp64_contents", "BYTES": "bytes_contents"}
 
 
 @PROPERTIES
@@ -133,6 +155,45 @@ def test_v2_grpc_raw_request_round_trip(request: InferRequest) -> None:
     assert (decoded.model_name, decoded.model_version, decoded.id) == ("m", "1", request.id)
     assert decoded.parameters == request.parameters
     assert [o.name for o in decoded.outputs] == [o.name for o in request.outputs]
+
+
+@PROPERTIES
+@given(requests(json_safe=False))
+def test_v2_grpc_raw_response_round_trip(request: InferRequest) -> None:
+    """Raw output contents: the only form tritonclient.grpc reads."""
+    response = InferResponse("m", "1", request.id, request.inputs, request.parameters)
+    wire = v2_grpc.encode_infer_response(response)
+    message = pb.ModelInferResponse.FromString(wire)
+    assert len(message.raw_output_contents) == len(response.outputs)
+    assert not any(o.HasField("contents") for o in message.outputs)
+    decoded = v2_grpc.decode_infer_response(wire, MAX)
+    assert (decoded.model_name, decoded.model_version, decoded.id) == ("m", "1", request.id)
+    assert decoded.parameters == request.parameters
+    assert_same_tensors(decoded.outputs, response.outputs)
+
+
+def test_typed_contents_table_matches_the_codec() -> None:
+    assert dict(v2_grpc.TYPED_FIELD) == TYPED_CONTENTS
+
+
+@PROPERTIES
+@given(st.lists(st.sampled_from(sorted(TYPED_CONTENTS)), min_size=1, max_size=4).flatmap(
+    lambda types: st.tuples(*(tensors(dt, False, f"in{i}") for i, dt in enumerate(types)))), st.text(max_size=8))
+def test_v2_grpc_typed_request_round_trip(inputs: tuple[Tensor, ...], request_id: str) -> None:
+    """A request with typed contents (what clients other than tritonclient
+    send), built here with protobuf alone, decodes to the same tensors."""
+    message = pb.ModelInferRequest(model_name="m", model_version="1", id=request_id)
+    for tensor in inputs:
+        item = message.inputs.add(name=tensor.name, datatype=tensor.datatype, shape=list(tensor.shape))
+        values = tensor.data.reshape(-1).tolist()
+        getattr(item.contents, TYPED_CONTENTS[tensor.datatype]).extend(values)
+    decoded = v2_grpc.decode_infer_request(message.SerializeToString(), MAX, LIMITS)
+    assert (decoded.model_name, decoded.model_version, decoded.id) == ("m", "1", request_id)
+    assert [(t.name, t.datatype, t.shape) for t in decoded.inputs] == [(t.name, t.datatype, t.shape) for t in inputs]
+    for got, want in zip(decoded.inputs, inputs, strict=True):
+        # Equal values, not bits: building the message from Python floats
+        # may quieten a signalling NaN (a fact of the builder, not the codec).
+        _json_equal(got, want)
 
 
 @PROPERTIES

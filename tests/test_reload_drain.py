@@ -9,11 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 
 from peers.echo_gateway import admin_call, echo_gateway, rest_base
 from peers.echo_upstream import EchoServer
 from peers.load import PAYLOAD, assert_all_answered, infer, run_load
-from support import GatewayProcess, wait_for
+from support import GatewayProcess, metric_value, scrape_metrics, wait_for
 
 
 def config(a: EchoServer, b: EchoServer, route: str, extra: str = "") -> str:
@@ -66,6 +67,7 @@ async def test_reload_under_load_switches_atomically_and_rejects_bad_files(tmp_p
             assert status == 400 and body["problems"][0].startswith("listeners: changed, which needs a restart")
             await asyncio.sleep(0.3)
             assert routed_to(gw) == "b"  # the old config keeps serving
+            after_failures = scrape_metrics(gw)
 
             path.write_text(config(a, b, TO_A))
             last_post_at = time.monotonic()
@@ -76,6 +78,7 @@ async def test_reload_under_load_switches_atomically_and_rejects_bad_files(tmp_p
             stop.set()
             results = await load
             _, reloads = admin_call(gw, "/reload")
+            at_end = scrape_metrics(gw)
             log = gw.log()
     finally:
         a.stop()
@@ -87,6 +90,15 @@ async def test_reload_under_load_switches_atomically_and_rejects_bad_files(tmp_p
     assert reloads["successes_total"] == 2 and reloads["failures_total"] == 2
     assert reloads["last_success_time"] > reloads["last_failure_time"] > 0
     assert "reload rejected, the running configuration keeps serving" in log
+    # The same on /metrics (issue 7).
+    assert metric_value(after_failures, "gateway_config_reloads_total", result="success") == 1
+    assert metric_value(after_failures, "gateway_config_reloads_total", result="failure") == 2
+    assert metric_value(after_failures, "gateway_config_last_reload_successful") == 0
+    assert metric_value(at_end, "gateway_config_reloads_total", result="success") == 2
+    assert metric_value(at_end, "gateway_config_reloads_total", result="failure") == 2
+    assert metric_value(at_end, "gateway_config_last_reload_successful") == 1
+    assert metric_value(at_end, "gateway_config_last_reload_success_timestamp_seconds") \
+        == pytest.approx(reloads["last_success_time"], abs=1.0)
     assert "routes[0].split: weights must add up to 100, got 90" in log
 
 

@@ -20,7 +20,7 @@ import pytest
 from peers.echo_gateway import echo_gateway, rest_base, upstream_state
 from peers.echo_upstream import EchoServer
 from peers.load import PAYLOAD, Result, assert_all_answered, infer, output, run_load
-from support import GatewayProcess, free_port, wait_for
+from support import GatewayProcess, free_port, metric_value, scrape_metrics, wait_for
 
 
 def binomial_ok(count: int, total: int, p: float, sigmas: float = 4.5) -> bool:
@@ -118,17 +118,30 @@ async def test_route_timeout_answers_504_in_time(gateway: GatewayProcess) -> Non
     assert 0.25 < result.elapsed < 1.0
 
 
-async def test_per_try_timeout_retries_on_the_other_endpoint(gateway: GatewayProcess) -> None:
+async def test_per_try_timeout_retries_on_the_other_endpoint(gateway: GatewayProcess,
+                                                              echoes: dict[str, EchoServer]) -> None:
     before = upstream_state(gateway, "slow_and_fast")["counters"]
+    scraped_before = scrape_metrics(gateway)
     async with aiohttp.ClientSession() as session:
         results = [await infer(session, rest_base(gateway), "per_try") for _ in range(6)]
     after = upstream_state(gateway, "slow_and_fast")["counters"]
+    scraped_after = scrape_metrics(gateway)
     # Every answer comes from the fast endpoint, none waited for the slow one's 1s.
     assert all(r.ok and r.server == "A" and r.elapsed < 0.9 for r in results), results
     timed_out = after["per_try_timeouts_total"] - before["per_try_timeouts_total"]
     assert 2 <= timed_out <= 4  # round robin sends every other request to the slow one first
     assert after["retries_total"] - before["retries_total"] == timed_out
     assert sum(1 for r in results if r.elapsed >= 0.2) >= timed_out  # a retried one waited its 200ms
+
+    # The same events on /metrics (issue 7).
+    def moved(name: str, **labels: str) -> float:
+        return metric_value(scraped_after, name, **labels) - metric_value(scraped_before, name, **labels)
+
+    assert moved("gateway_upstream_retries_total", upstream="slow_and_fast") == timed_out
+    assert moved("gateway_upstream_timeouts_total", upstream="slow_and_fast") == timed_out
+    slow = echoes["SLOW"].address
+    assert moved("gateway_upstream_requests_total", upstream="slow_and_fast", endpoint=slow,
+                 outcome="upstream_timeout") == timed_out
 
 
 async def test_route_timeout_bounds_all_retries(gateway: GatewayProcess) -> None:
@@ -142,6 +155,8 @@ async def test_route_timeout_bounds_all_retries(gateway: GatewayProcess) -> None
 async def test_circuit_breaker_answers_fast_instead_of_queueing(gateway: GatewayProcess,
                                                                  echoes: dict[str, EchoServer]) -> None:
     before = upstream_state(gateway, "limited")["counters"]["overflows_total"]
+    rejected_before = metric_value(scrape_metrics(gateway), "gateway_circuit_breaker_rejections_total",
+                                   upstream="limited")
     payload = {**PAYLOAD, "parameters": {"delay_ms": 1000}}
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as session:
@@ -155,6 +170,8 @@ async def test_circuit_breaker_answers_fast_instead_of_queueing(gateway: Gateway
     waited = sorted(r.elapsed for r in results if r.ok)
     assert waited[-1] > 1.9  # the two that waited got the next free slots
     assert upstream_state(gateway, "limited")["counters"]["overflows_total"] - before == 18
+    rejected = metric_value(scrape_metrics(gateway), "gateway_circuit_breaker_rejections_total", upstream="limited")
+    assert rejected - rejected_before == 18
     assert echoes["C"].stats()["max_in_flight"] <= 4
 
 
@@ -235,6 +252,7 @@ routes:
             await asyncio.sleep(1.5)
             state = upstream_state(gw, "pair")["endpoints"][1]
             assert state["ejected"] or not state["healthy"], state
+            while_dead = scrape_metrics(gw)
             relaunched_at = time.monotonic()
             b.launch().wait_ready()  # back on the same port
             back_at = time.monotonic()
@@ -246,6 +264,7 @@ routes:
             stop.set()
             results: list[Result] = await load
             final = upstream_state(gw, "pair")
+            at_end = scrape_metrics(gw)
     finally:
         a.stop()
         b.stop()
@@ -255,6 +274,13 @@ routes:
     assert any(r.server == "B" for r in results if r.started > back_at)  # and back afterwards
     assert final["endpoints"][1]["counters"]["ejections_total"] >= 1
     assert final["counters"]["retries_total"] >= 1
+    # The same events on /metrics (issue 7).
+    assert metric_value(at_end, "gateway_outlier_ejections_total", upstream="pair", endpoint=b.address) \
+        == final["endpoints"][1]["counters"]["ejections_total"]
+    assert metric_value(at_end, "gateway_outlier_ejections_total", upstream="pair", endpoint=a.address) == 0
+    assert metric_value(at_end, "gateway_upstream_retries_total", upstream="pair") == final["counters"]["retries_total"]
+    assert metric_value(while_dead, "gateway_endpoint_healthy", upstream="pair", endpoint=b.address) == 0
+    assert metric_value(at_end, "gateway_endpoint_healthy", upstream="pair", endpoint=b.address) == 1
 
 
 async def test_readiness_follows_upstream_health_and_liveness_does_not(tmp_path: Path) -> None:

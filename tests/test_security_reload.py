@@ -8,6 +8,7 @@ the old material when the new files are unreadable.
 
 from __future__ import annotations
 
+import asyncio
 import ssl
 from pathlib import Path
 
@@ -15,7 +16,8 @@ import aiohttp
 import pytest
 from security_support import Pki, make_pki, served_fingerprint, write_token
 
-from support import InProcessGateway, parse_yaml_config
+from peers.echo_gateway import admin_call
+from support import GatewayProcess, InProcessGateway, metric_value, parse_yaml_config, scrape_metrics, write_config
 
 
 def config_text(pki: Pki, tokens: Path) -> str:
@@ -96,3 +98,44 @@ async def test_a_failed_reload_keeps_the_old_material(tmp_path: Path) -> None:
             gw.gateway.reload_security(config)
         assert await fingerprints(gw, pki.ca) == (pki.fingerprint(), pki.fingerprint())
         assert await metadata_status(gw, pki.ca, "kept-token") == 200
+
+
+# --- the real reload path: a gateway process and its admin POST /reload ----------------
+
+
+async def test_admin_reload_serves_rotated_certificates_and_rejects_broken_ones(tmp_path: Path) -> None:
+    live, fresh = make_pki(tmp_path / "live"), make_pki(tmp_path / "fresh")
+    old_ca, old_fingerprint = tmp_path / "old-ca.pem", live.fingerprint()
+    old_ca.write_bytes(live.ca.read_bytes())
+    tokens = write_token(tmp_path / "tokens", "t1")
+    with GatewayProcess(write_config(tmp_path, config_text(live, tokens)), tmp_path / "gateway.log") as gw:
+        async def served(ca: Path) -> tuple[str, str]:
+            return (await served_fingerprint(gw.ports["rest"], ca),
+                    await served_fingerprint(gw.ports["grpc"], ca, alpn="h2"))
+
+        assert await served(old_ca) == (old_fingerprint, old_fingerprint)
+        _rotate(live, fresh)
+        assert await served(old_ca) == (old_fingerprint, old_fingerprint)  # nothing re-read yet
+        status, body = await asyncio.to_thread(admin_call, gw, "/reload", "POST")
+        assert status == 200 and body["reloaded"], body
+        assert await served(fresh.ca) == (fresh.fingerprint(), fresh.fingerprint())
+
+        good_key = live.server_key.read_bytes()
+        live.server_key.write_text("not a key\n")
+        status, body = await asyncio.to_thread(admin_call, gw, "/reload", "POST")
+        assert status == 400 and not body["reloaded"], body
+        assert any(str(live.server_key) in problem for problem in body["problems"]), body
+        # The running certificates keep serving, and requests over them succeed.
+        assert await served(fresh.ca) == (fresh.fingerprint(), fresh.fingerprint())
+        context = ssl.create_default_context(cafile=str(fresh.ca))
+        async with aiohttp.ClientSession() as session, session.get(
+                f"https://127.0.0.1:{gw.ports['rest']}/v2/models/simple", ssl=context,
+                headers={"Authorization": "Bearer t1"}) as response:
+            assert response.status == 200
+        samples = await asyncio.to_thread(scrape_metrics, gw)
+        assert metric_value(samples, "gateway_config_reloads_total", result="failure") == 1
+        assert metric_value(samples, "gateway_config_last_reload_successful") == 0
+
+        live.server_key.write_bytes(good_key)  # repaired: the next reload takes it
+        status, body = await asyncio.to_thread(admin_call, gw, "/reload", "POST")
+        assert status == 200 and body["reloaded"], body

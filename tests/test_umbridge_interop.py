@@ -441,3 +441,27 @@ def test_conformity_checks_pass_on_the_reference_server(peer: UmbridgePeer) -> N
     assert check_conformity(f"http://{peer.address}", "square") == [
         "Evaluate", "Gradient", "ApplyJacobian", "ApplyHessian"]
     assert check_conformity(f"http://{peer.address}", "evaluate_only") == ["Evaluate"]
+
+
+# --- the repository index through a UM-Bridge upstream (issue 10) ---------------------------
+
+PEER_MODELS = {"gradient_only", "square", "evaluate_only", "nonfinite", "broken", "slow"}
+
+
+def test_repository_index_lists_the_umbridge_servers_models(peer: UmbridgePeer, tmp_path: Path) -> None:
+    """Behind a catch-all route, the models come only from the server's /Info."""
+    config = f"""
+admin: {{address: "127.0.0.1:0"}}
+listeners:
+  - {{name: rest, protocol: v2-rest, address: "127.0.0.1:0"}}
+  - {{name: grpc, protocol: v2-grpc, address: "127.0.0.1:0"}}
+upstreams: [{{name: peer, protocol: umbridge, endpoints: ["{peer.address}"]}}]
+routes: [{{match: {{model: "*"}}, upstream: peer}}]
+"""
+    assert set(umbridge.supported_models(f"http://{peer.address}")) == PEER_MODELS  # what the server says
+    with GatewayProcess(write_config(tmp_path, config), tmp_path / "gateway.log") as gw:
+        with httpclient.InferenceServerClient(gw.url("rest")) as http:
+            over_http = {e["name"]: e["state"] for e in http.get_model_repository_index()}
+        with grpcclient.InferenceServerClient(gw.url("grpc")) as grpc_client:
+            over_grpc = {m.name: m.state for m in grpc_client.get_model_repository_index().models}
+    assert over_http == over_grpc == dict.fromkeys(PEER_MODELS, "READY")

@@ -14,7 +14,7 @@ probabilities from a hash of each target. ``GET /last`` tells what the last
 check that bytes were forwarded unchanged. A payload with
 ``"standin_fail": true`` makes it answer status_code 500.
 
-    python graphstorm_standin.py --port-file PATH [--require movie:title] [--classes 2]
+    python graphstorm_standin.py --port-file PATH [--port N] [--require movie:title] [--classes 2]
 """
 
 from __future__ import annotations
@@ -150,7 +150,8 @@ class StandIn:
 
     def __init__(self, directory: Path, *args: str) -> None:
         self.port_file = directory / "standin.port"
-        self.log = open(directory / "standin.log", "wb")
+        self.port_file.unlink(missing_ok=True)  # from an earlier run in this folder
+        self.log = open(directory / "standin.log", "ab")  # a restart in the same folder appends
         self.proc = subprocess.Popen([sys.executable, __file__, "--port-file", str(self.port_file), *args],
                                      stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 20
@@ -177,12 +178,13 @@ def main() -> None:
     parser.add_argument("--port-file", type=Path, required=True)
     parser.add_argument("--require", action="append", default=[], help="TYPE:FEATURE the model needs")
     parser.add_argument("--classes", type=int, default=2)
+    parser.add_argument("--port", type=int, default=0, help="0: any free port")
     args = parser.parse_args()
     required: dict[str, list[str]] = {}
     for item in args.require:
         node_type, _, feature = item.partition(":")
         required.setdefault(node_type, []).append(feature)
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler_for(Endpoint(required, args.classes)))
+    server = ThreadingHTTPServer(("127.0.0.1", args.port), handler_for(Endpoint(required, args.classes)))
     tmp = args.port_file.with_suffix(".tmp")
     tmp.write_text(str(server.server_address[1]))
     tmp.replace(args.port_file)

@@ -197,17 +197,18 @@ def serve_on_loopback(port_file: Path, port: int = 0) -> None:
 class UmbridgePeer:
     """Starts the server in its own process; ``url`` once it listens."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, port: int = 0) -> None:
         self.port_file = directory / "umbridge-peer.port"
         self.log_path = directory / "umbridge-peer.log"
         self.proc: subprocess.Popen[bytes] | None = None
-        self.port = 0
+        self.port = port  # 0: any free port; after a stop, start() binds the same one again
 
     def start(self, timeout: float = 30.0) -> UmbridgePeer:
         from support import port_open, wait_for
 
-        self._log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen([sys.executable, str(PEER), str(self.port_file)],
+        self.port_file.unlink(missing_ok=True)
+        self._log = open(self.log_path, "ab" if self.proc is not None else "wb")  # a restart appends
+        self.proc = subprocess.Popen([sys.executable, str(PEER), str(self.port_file), str(self.port)],
                                      stdout=self._log, stderr=subprocess.STDOUT)
 
         def ready() -> bool:

@@ -170,6 +170,15 @@ class UmbridgeClient(UpstreamClient):
     async def list_models(self, ctx: RequestContext) -> list[str]:
         return list(await self._models())
 
+    async def health_check(self, ctx: RequestContext) -> bool:
+        """A fresh ``GET /Info``: the cached model list (``metadata_ttl``)
+        would hide a server that went away for that long."""
+        try:
+            codec.decode_info(await self._call("GET", "/Info", ctx=ctx), self.label)
+        except GatewayError:
+            return False
+        return True
+
     # --- calls -------------------------------------------------------------------
 
     @staticmethod
