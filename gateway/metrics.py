@@ -148,6 +148,11 @@ class GatewayMetrics:
             "gateway_translation_duration_seconds", "Time translating between a wire format and the "
             "canonical types; side is frontend or backend, stage is decode or encode.",
             ("side", "protocol", "stage"), buckets=TRANSLATION_BUCKETS, registry=r)
+        self.passthrough = Counter(
+            "gateway_passthrough_requests", "Inference requests to an upstream of the client's own protocol, "
+            "by how they were forwarded: verbatim, renamed (verbatim but the answer's model name rewritten), "
+            "request_only (the answer translated) or translated.",
+            ("listener", "protocol", "upstream", "mode"), registry=r)
         self.upstream_requests = Counter(
             "gateway_upstream_requests", "Upstream attempts by upstream, endpoint and outcome.",
             ("upstream", "endpoint", "outcome"), registry=r)
@@ -256,6 +261,12 @@ class GatewayMetrics:
         series[0].observe(duration)
         series[1].observe(record.request_bytes)
         series[2].observe(record.response_bytes)
+        if record.passthrough:
+            key = ("passthrough", listener, protocol, record.upstream, record.passthrough)
+            child = self._cache.get(key)
+            if child is None:
+                child = self._cache[key] = self.passthrough.labels(*key[1:])
+            child.inc()
         if record.decode_seconds:
             self.observe_translation("frontend", protocol, "decode", record.decode_seconds)
         if record.encode_seconds:

@@ -45,7 +45,8 @@ def without_parameter(request: InferRequest) -> InferRequest:
     classifies, so an upstream Triton must return the raw tensor."""
     outputs = [RequestedOutput(o.name, {k: v for k, v in o.parameters.items() if k != PARAMETER})
                for o in request.outputs]
-    return dataclasses.replace(request, outputs=outputs)
+    # The client's bytes still ask for classification: they cannot go upstream unchanged.
+    return dataclasses.replace(request, outputs=outputs, raw=None)
 
 
 def _ascending_keys(rows: np.ndarray) -> np.ndarray:
