@@ -159,3 +159,14 @@ observability:
 SIMPLE_INFER_REQUEST = {"inputs": [
     {"name": "INPUT0", "datatype": "INT32", "shape": [1, 16], "data": list(range(16))},
     {"name": "INPUT1", "datatype": "INT32", "shape": [1, 16], "data": [1] * 16}]}
+
+
+def passthrough_counts(admin: str) -> dict[tuple[str, str], float]:
+    """``gateway_passthrough_requests_total`` from the admin listener at
+    ``admin`` (host:port), by (upstream, mode)."""
+    import requests
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = requests.get(f"http://{admin}/metrics", timeout=5).text
+    return {(s.labels["upstream"], s.labels["mode"]): s.value for family in text_string_to_metric_families(text)
+            for s in family.samples if s.name == "gateway_passthrough_requests_total"}

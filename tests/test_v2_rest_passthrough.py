@@ -23,6 +23,7 @@ import tritonclient.http as httpclient
 
 from peers.recording_upstream import HEADER_LENGTH, Answer, RecordingUpstream
 from support import GatewayProcess, wait_for, write_config
+from support import passthrough_counts as support_passthrough_counts
 
 # What the gateway would never write itself: spaces, its own key order,
 # fields and parameters it does not know.
@@ -105,14 +106,7 @@ def post(gateway: GatewayProcess, model: str, body: bytes, headers: dict[str, st
 
 
 def passthrough_counts(gateway: GatewayProcess) -> dict[tuple[str, str], float]:
-    text = requests.get(f"http://{gateway.url('admin')}/metrics", timeout=5).text
-    counts: dict[tuple[str, str], float] = {}
-    for line in text.splitlines():
-        if line.startswith("gateway_passthrough_requests_total{"):
-            labels = dict(part.split("=", 1) for part in line[line.index("{") + 1:line.index("}")].split(","))
-            key = (labels["upstream"].strip('"'), labels["mode"].strip('"'))
-            counts[key] = float(line.rsplit(" ", 1)[1])
-    return counts
+    return support_passthrough_counts(gateway.url("admin"))
 
 
 def access_log(gateway: GatewayProcess) -> list[dict[str, Any]]:

@@ -133,8 +133,12 @@ class V2RestFrontend(HttpFrontend):
         # Decoded even when the bytes will be forwarded: the checks (and
         # their errors) stay the gateway's, and mirrors, splits to other
         # protocols and the statistics need the tensors.
-        infer_request = codec.decode_infer_request(
-            body, header_length, model, version, limits.max_tensor_elements, limits)
+        try:
+            infer_request = codec.decode_infer_request(
+                body, header_length, model, version, limits.max_tensor_elements, limits)
+        except GatewayError:
+            ctx.record.model = ctx.record.version = ""  # a malformed request adds no model label
+            raise
         ctx.record.decode_seconds = time.perf_counter() - started
         if _passthrough(route):
             infer_request.raw = (RawPayload(PROTOCOL, body) if header_length is None else
