@@ -141,8 +141,9 @@ class V2RestFrontend(HttpFrontend):
             raise
         ctx.record.decode_seconds = time.perf_counter() - started
         if _passthrough(route):
-            infer_request.raw = (RawPayload(PROTOCOL, body) if header_length is None else
-                                 RawPayload(PROTOCOL, body, codec.BINARY_TYPE, {codec.HEADER_LENGTH: header_length}))
+            # (the header length was checked by the decode; sent on in its plain form)
+            infer_request.raw = (RawPayload(PROTOCOL, body) if header_length is None else RawPayload(
+                PROTOCOL, body, codec.BINARY_TYPE, {codec.HEADER_LENGTH: str(int(header_length))}))
         response = await self.extensions.infer(infer_request, ctx)
         # The inputs (views of the body) are done with: let them go before the
         # answer is built, so a big request and its answer do not overlap.
