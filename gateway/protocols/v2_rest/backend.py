@@ -198,9 +198,13 @@ class V2RestClient(UpstreamClient):
         return self.binary is True or not (request.outputs or codec.binary_outputs_requested(request))
 
     def _raw_answer(self, reply: Reply) -> RawPayload:
+        """The answer's bytes, once checked as translation would check them:
+        a malformed answer is the upstream's fault (502), never the client's
+        problem to parse. The decoded tensors are dropped at once (binary
+        ones are views, so checking those costs no copy)."""
         header_length = reply.headers.get(codec.HEADER_LENGTH)
         with reading_reply(self.label):
-            codec.split_body(reply.body, header_length)  # the client must get a well-framed body
+            codec.decode_infer_response(reply.body, header_length, self.services.config.limits.max_tensor_elements)
         if header_length is None:
             return RawPayload(codec.PROTOCOL, reply.body, codec.JSON_TYPE)
         return RawPayload(codec.PROTOCOL, reply.body, codec.BINARY_TYPE, {codec.HEADER_LENGTH: header_length})
