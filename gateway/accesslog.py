@@ -114,6 +114,8 @@ class AccessLog:
         }
         if self.worker is not None:
             fields["worker"] = self.worker
+        if r.passthrough:
+            fields["passthrough"] = r.passthrough
         if r.error:
             fields["error"] = r.error[:MAX_ERROR_CHARS]
         return fields

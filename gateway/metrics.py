@@ -16,7 +16,6 @@ Recording methods other modules call (names are the contract):
   ``record_ejection(upstream, endpoint)``,
   ``set_endpoint_health(upstream, endpoint, healthy)``,
   ``record_reload(success)``, ``observe_translation(side, protocol, stage, seconds)``,
-  ``record_passthrough(protocol, upstream, direction, passed)``.
 
 Several worker processes (``gateway serve --workers N``) share one directory
 of memory-mapped files (prometheus-client's multiprocess mode); ``render``
@@ -149,6 +148,11 @@ class GatewayMetrics:
             "gateway_translation_duration_seconds", "Time translating between a wire format and the "
             "canonical types; side is frontend or backend, stage is decode or encode.",
             ("side", "protocol", "stage"), buckets=TRANSLATION_BUCKETS, registry=r)
+        self.passthrough = Counter(
+            "gateway_passthrough_requests", "Inference requests to an upstream of the client's own protocol, "
+            "by how they were forwarded: verbatim, renamed (verbatim but the answer's model name rewritten), "
+            "request_only (the answer translated) or translated.",
+            ("listener", "protocol", "upstream", "mode"), registry=r)
         self.upstream_requests = Counter(
             "gateway_upstream_requests", "Upstream attempts by upstream, endpoint and outcome.",
             ("upstream", "endpoint", "outcome"), registry=r)
@@ -190,10 +194,6 @@ class GatewayMetrics:
         self.worker_restarts = Counter(
             "gateway_worker_restarts", "Worker processes restarted by the supervisor after they exited "
             "unexpectedly (counted by each restarted worker).", registry=r)
-        self.passthrough = Counter(
-            "gateway_passthrough", "Inference payloads between a client and an upstream of the same "
-            "protocol: forwarded verbatim (mode passthrough) or decoded and re-encoded (mode translated); "
-            "direction is request or response.", ("protocol", "upstream", "direction", "mode"), registry=r)
 
         self.build_info.labels(version, platform.python_version()).set(1)
         self.worker_processes.set(1)
@@ -261,6 +261,12 @@ class GatewayMetrics:
         series[0].observe(duration)
         series[1].observe(record.request_bytes)
         series[2].observe(record.response_bytes)
+        if record.passthrough:
+            key = ("passthrough", listener, protocol, record.upstream, record.passthrough)
+            child = self._cache.get(key)
+            if child is None:
+                child = self._cache[key] = self.passthrough.labels(*key[1:])
+            child.inc()
         if record.decode_seconds:
             self.observe_translation("frontend", protocol, "decode", record.decode_seconds)
         if record.encode_seconds:
@@ -287,15 +293,6 @@ class GatewayMetrics:
         if child is None:
             child = self._cache[key] = self.upstream_requests.labels(upstream, endpoint, outcome)
         return child
-
-    def record_passthrough(self, protocol: str, upstream: str, direction: str, passed: bool) -> None:
-        """One same-protocol payload: forwarded verbatim (``passed``) or translated."""
-        key = ("passthrough", protocol, upstream, direction, passed)
-        child = self._cache.get(key)
-        if child is None:
-            mode = "passthrough" if passed else "translated"
-            child = self._cache[key] = self.passthrough.labels(protocol, upstream, direction, mode)
-        child.inc()
 
     # --- resilience events (wired by the proxy and server) ------------------
 

@@ -37,6 +37,12 @@ _TRACESTATE = re.compile(r"^[\x20-\x7e]*$")
 OUTCOME_OK = "ok"
 OUTCOME_CANCELLED = "cancelled"  # the client went away before the answer
 
+# How an upstream client forwarded a same-protocol inference (RequestRecord.passthrough).
+PASSTHROUGH_VERBATIM = "verbatim"  # the client's bytes went up, the upstream's bytes came back
+PASSTHROUGH_RENAMED = "renamed"  # as verbatim, but the answer's model name/version rewritten (a route rewrite)
+PASSTHROUGH_REQUEST_ONLY = "request_only"  # the client's bytes went up; the answer was translated
+PASSTHROUGH_TRANSLATED = "translated"  # decoded and re-encoded both ways
+
 
 def new_request_id() -> str:
     return uuid.uuid4().hex
@@ -107,6 +113,9 @@ class RequestRecord:
     batch_size: int | None = None
     # Time spent waiting for an upstream slot (circuit breaker's line), all attempts.
     queue_seconds: float = 0.0
+    # One of the PASSTHROUGH_* values, set by upstream clients that can
+    # forward a request of their own protocol unchanged; "" otherwise.
+    passthrough: str = ""
 
     def fail(self, kind: str, message: str) -> None:
         """Note the error the client is answered with (first one wins)."""

@@ -34,6 +34,7 @@ from gateway.errors import (
 from gateway.extensions.statistics import batch_size
 from gateway.metrics import metrics_hook, metrics_of
 from gateway.modelnames import check_model
+from gateway.observe import RequestRecord
 from gateway.protocols.base import UpstreamClient
 from gateway.retry import PER_TRY_TIMEOUT, TIMEOUT, backoff_delay, failure_reason
 from gateway.routing import Route, RouteTable
@@ -316,7 +317,9 @@ class DataPlane:
                 continue
             cluster.stats.mirrored_total += 1
             timeout = route.config.timeout or cluster.config.timeout or MIRROR_DEFAULT_TIMEOUT
-            shadow_ctx = dataclasses.replace(ctx, attempts=[], deadline=time.monotonic() + timeout)
+            # A record of its own: what the shadow's client notes must not land on the client's request.
+            shadow_ctx = dataclasses.replace(ctx, attempts=[], deadline=time.monotonic() + timeout,
+                                             record=RequestRecord())
             generation.enter()
             self._spawn(self._mirror(generation, cluster, lease, request, shadow_ctx, timeout),
                         f"mirror to {cluster.name}")
@@ -358,7 +361,9 @@ class DataPlane:
             response.model_version = asked_version
         if not response.id:
             response.id = request.id
-        if request.outputs:
+        # A V2 REST answer relayed undecoded (raw, no outputs) was selected by
+        # the upstream itself; decoded ones (gRPC keeps raw beside them) here.
+        if request.outputs and (response.raw is None or response.outputs):
             response.outputs = select_outputs(response, request, asked_model)
         return response
 

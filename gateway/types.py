@@ -142,8 +142,10 @@ class RawPayload:
     """
 
     protocol: str
-    body: bytes
+    body: bytes | bytearray  # a bytearray is the buffer the body was read into, uncopied
     content_type: str = "application/json"
+    # Wire headers that frame the body (V2 REST: Inference-Header-Content-Length).
+    headers: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(slots=True)

@@ -177,3 +177,14 @@ def metric_value(samples: list[tuple[str, dict[str, str], float]], name: str, **
     """The sum of ``name``'s samples whose labels include ``labels`` (0 if none)."""
     return sum(value for sample, have, value in samples
                if sample == name and all(have.get(k) == v for k, v in labels.items()))
+
+
+def passthrough_counts(admin: str) -> dict[tuple[str, str], float]:
+    """``gateway_passthrough_requests_total`` from the admin listener at
+    ``admin`` (host:port), by (upstream, mode)."""
+    import requests
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = requests.get(f"http://{admin}/metrics", timeout=5).text
+    return {(s.labels["upstream"], s.labels["mode"]): s.value for family in text_string_to_metric_families(text)
+            for s in family.samples if s.name == "gateway_passthrough_requests_total"}

@@ -98,7 +98,7 @@ class GraphStormClient(UpstreamClient):
         outputs = codec.decode_predictions(envelope, graph, self.label)
         return InferResponse(request.model_name, request.model_version, request.id, outputs)
 
-    async def _exchange(self, method: str, path: str, body: bytes | None = None,
+    async def _exchange(self, method: str, path: str, body: bytes | bytearray | None = None,
                         headers: dict[str, str] | None = None) -> bytes:
         headers = headers if headers is not None else self.request_headers(None)
         if self._session is None:

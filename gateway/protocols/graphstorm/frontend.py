@@ -208,7 +208,7 @@ class GraphStormFrontend(HttpFrontend):
                 code = response.parameters.get(codec.STATUS_PARAMETER, status.OK)
                 if code != status.OK:
                     ctx.record.fail(status.kind_of_status(code).value, f"the upstream answered status_code {code}")
-                return response.raw.body, code
+                return bytes(response.raw.body), code  # bytes stay uncopied
             with Translating(ctx.record, "encode"):
                 return codec.encode_results(invocation, response.outputs, uid), status.OK
         except GraphStormError:

@@ -16,11 +16,11 @@ from google.protobuf.message import DecodeError
 
 from gateway.confignode import Node
 from gateway.errors import ErrorKind, GatewayError, malformed
+from gateway.observe import PASSTHROUGH_REQUEST_ONLY, PASSTHROUGH_TRANSLATED
 from gateway.protocols.base import UpstreamClient
 from gateway.protocols.upstream import parse_response_limit, reading_reply, response_limit
 from gateway.protocols.v2_grpc import codec, extensions, passthrough
 from gateway.protocols.v2_grpc import messages as pb
-from gateway.protocols.v2_grpc.passthrough import PROTOCOL
 from gateway.tls import grpc_channel_credentials, grpc_channel_options
 from gateway.types import (
     MODEL_CONFIG_OPERATION,
@@ -102,8 +102,8 @@ class V2GrpcClient(UpstreamClient):
         # bytes go as they are (see passthrough).
         payload = passthrough.client_bytes(request)
         passed = payload is not None and self.upstream.passthrough
-        if payload is not None:
-            self.services.metrics.record_passthrough(PROTOCOL, self.upstream.name, "request", passed)
+        if payload is not None:  # a V2 gRPC client's request; the frontend settles the answer's side
+            ctx.record.passthrough = PASSTHROUGH_REQUEST_ONLY if passed else PASSTHROUGH_TRANSLATED
         if payload is not None and passed:
             body = passthrough.upstream_bytes(payload, request)
             log.debug("request %s: ModelInfer bytes forwarded unchanged to %s", ctx.request_id, self.label)

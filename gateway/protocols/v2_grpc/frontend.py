@@ -29,6 +29,8 @@ from gateway.extensions import MODEL_CONFIGURATION, MODEL_REPOSITORY, STATISTICS
 from gateway.extensions.service import Extensions
 from gateway.observe import (
     OUTCOME_CANCELLED,
+    PASSTHROUGH_RENAMED,
+    PASSTHROUGH_VERBATIM,
     TRACEPARENT_HEADER,
     TRACESTATE_HEADER,
     accept_request_id,
@@ -327,12 +329,12 @@ class V2GrpcFrontend(Frontend):
         response = await self.extensions.infer(infer_request, ctx)
         started = time.perf_counter()
         typed = self.options.output_contents == "typed"
-        reply = passthrough.reply_bytes(response, typed)
-        if isinstance(response.raw, passthrough.GrpcPayload):
-            self.services.metrics.record_passthrough(PROTOCOL, ctx.record.upstream, "response", reply is not None)
-        if reply is None:
+        relayed = passthrough.reply_bytes(response, typed)
+        if relayed is None:
             reply = codec.encode_infer_response(response, typed=typed)
         else:
+            reply, renamed = relayed
+            ctx.record.passthrough = PASSTHROUGH_RENAMED if renamed else PASSTHROUGH_VERBATIM
             log.debug("request %s: the upstream's ModelInfer reply relayed unchanged", ctx.request_id)
         ctx.record.encode_seconds = time.perf_counter() - started
         return reply

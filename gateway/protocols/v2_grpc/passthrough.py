@@ -48,13 +48,15 @@ class GrpcPayload(RawPayload):
 
 def request_payload(body: bytes, request: InferRequest) -> GrpcPayload:
     """The client's bytes, beside the request decoded from them."""
-    return GrpcPayload(PROTOCOL, body, CONTENT_TYPE, request.model_name, request.model_version, request.id)
+    return GrpcPayload(PROTOCOL, body, CONTENT_TYPE, model_name=request.model_name,
+                       model_version=request.model_version, id=request.id)
 
 
 def response_payload(body: bytes, response: InferResponse, raw_outputs: bool) -> GrpcPayload:
     """The upstream's bytes, beside the response decoded from them."""
-    return GrpcPayload(PROTOCOL, body, CONTENT_TYPE, response.model_name, response.model_version, response.id,
-                       tuple(response.outputs), raw_outputs)
+    return GrpcPayload(PROTOCOL, body, CONTENT_TYPE, model_name=response.model_name,
+                       model_version=response.model_version, id=response.id, outputs=tuple(response.outputs),
+                       raw_outputs=raw_outputs)
 
 
 def client_bytes(request: InferRequest) -> GrpcPayload | None:
@@ -71,7 +73,8 @@ def renamed(payload: GrpcPayload, model_name: str, model_version: str, message_i
         (MODEL_NAME_FIELD, payload.model_name, model_name),
         (MODEL_VERSION_FIELD, payload.model_version, model_version),
         (ID_FIELD, payload.id, message_id)) if new != old)
-    return payload.body + suffix if suffix else payload.body
+    body = bytes(payload.body)  # gRPC messages arrive as bytes: the same object, not a copy
+    return body + suffix if suffix else body
 
 
 def upstream_bytes(payload: GrpcPayload, request: InferRequest) -> bytes:
@@ -80,9 +83,10 @@ def upstream_bytes(payload: GrpcPayload, request: InferRequest) -> bytes:
     return renamed(payload, request.model_name, request.model_version, request.id)
 
 
-def reply_bytes(response: InferResponse, typed: bool) -> bytes | None:
+def reply_bytes(response: InferResponse, typed: bool) -> tuple[bytes, bool] | None:
     """The upstream's reply for the client, unchanged but for model name,
-    version and id as the data plane set them; None when it must be
+    version and id as the data plane set them, and whether any of those had
+    to be appended; None when it must be
     re-encoded: no upstream bytes, outputs replaced or dropped on the way
     (output selection, classification), or contents in the other form than
     the listener answers with (``output_contents``)."""
@@ -93,4 +97,5 @@ def reply_bytes(response: InferResponse, typed: bool) -> bytes | None:
         return None
     if any(kept is not received for kept, received in zip(response.outputs, payload.outputs, strict=True)):
         return None
-    return renamed(payload, response.model_name, response.model_version, response.id)
+    body = renamed(payload, response.model_name, response.model_version, response.id)
+    return body, body is not payload.body

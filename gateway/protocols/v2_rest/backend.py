@@ -5,6 +5,15 @@ server's metadata (``GET /v2``) whether it lists ``binary_tensor_data``;
 when that cannot be read it tries binary and falls back to JSON once a
 server rejects binary with 400/415/422 (MLServer 1.7.1 answers 422), and
 remembers what worked.
+
+Pass-through (``passthrough: true``, the default): a request that came from
+a V2 REST client carries its body (:class:`~gateway.types.RawPayload`);
+those bytes go upstream unchanged (a binary body only to an endpoint that
+takes binary; else the request is translated to JSON). The upstream's
+answer comes back unchanged when it can honour what the client asked of
+the outputs itself: always for an endpoint that takes binary tensors
+(Triton's extensions, output selection included), otherwise only when the
+client asked for neither a selection of outputs nor binary outputs.
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ import orjson
 
 from gateway.confignode import Node
 from gateway.errors import ErrorKind, GatewayError, connect_failure, connection_reset, unsupported
+from gateway.observe import PASSTHROUGH_REQUEST_ONLY, PASSTHROUGH_TRANSLATED, PASSTHROUGH_VERBATIM
 from gateway.protocols.base import UpstreamClient
 from gateway.protocols.upstream import parse_response_limit, reading_reply, response_limit, too_large_reply
 from gateway.protocols.v2_rest import codec
@@ -29,6 +39,7 @@ from gateway.types import (
     InferRequest,
     InferResponse,
     ModelMetadata,
+    RawPayload,
     RequestContext,
 )
 
@@ -93,7 +104,7 @@ class V2RestClient(UpstreamClient):
 
     # --- transport ---------------------------------------------------------------
 
-    async def _send(self, method: str, path: str, body: bytes | None = None,
+    async def _send(self, method: str, path: str, body: bytes | bytearray | None = None,
                     headers: dict[str, str] | None = None, ctx: RequestContext | None = None) -> Reply:
         if self._session is None:
             raise GatewayError(ErrorKind.INTERNAL, f"upstream {self.label} is not started")
@@ -152,10 +163,47 @@ class V2RestClient(UpstreamClient):
             log.info("upstream %s: binary tensor extension %s", self.label,
                      "listed, sending binary" if self.binary else "not listed, sending JSON")
 
-    async def _infer_once(self, request: InferRequest, binary: bool, ctx: RequestContext) -> Reply:
-        body, headers = codec.encode_infer_request(request, binary)
+    async def _infer_once(self, request: InferRequest, binary: bool, raw: RawPayload | None,
+                          ctx: RequestContext) -> Reply:
+        """One attempt: the client's own bytes (``raw``), or the request
+        encoded with binary or JSON tensors."""
+        if raw is not None:
+            body: bytes | bytearray = raw.body
+            headers = {"Content-Type": raw.content_type, **raw.headers}
+        else:
+            body, headers = codec.encode_infer_request(request, binary)
         path = self._model_path(request.model_name, request.model_version) + "/infer"
         return await self._send("POST", path, body, headers, ctx)
+
+    # --- pass-through --------------------------------------------------------------
+
+    def _forwardable(self, request: InferRequest) -> RawPayload | None:
+        """The client's body, if it can go to this endpoint unchanged."""
+        raw = request.raw
+        if raw is None or raw.protocol != codec.PROTOCOL or not self.upstream.passthrough:
+            return None
+        if codec.HEADER_LENGTH in raw.headers and self.binary is False:
+            return None  # binary tensors to a JSON-only server: translate
+        return raw
+
+    def _answers_as_asked(self, request: InferRequest) -> bool:
+        """Whether the endpoint's answer to the client's unchanged request is
+        what the client asked for: a server with Triton's binary extension
+        selects outputs and writes binary ones itself; others (MLServer)
+        are trusted only when the client asked for neither."""
+        return self.binary is True or not (request.outputs or codec.binary_outputs_requested(request))
+
+    def _raw_answer(self, reply: Reply) -> RawPayload:
+        """The answer's bytes, once checked as translation would check them:
+        a malformed answer is the upstream's fault (502), never the client's
+        problem to parse. The decoded tensors are dropped at once (binary
+        ones are views, so checking those costs no copy)."""
+        header_length = reply.headers.get(codec.HEADER_LENGTH)
+        with reading_reply(self.label):
+            codec.decode_infer_response(reply.body, header_length, self.services.config.limits.max_tensor_elements)
+        if header_length is None:
+            return RawPayload(codec.PROTOCOL, reply.body, codec.JSON_TYPE)
+        return RawPayload(codec.PROTOCOL, reply.body, codec.BINARY_TYPE, {codec.HEADER_LENGTH: header_length})
 
     # --- operations --------------------------------------------------------------
 
@@ -163,22 +211,34 @@ class V2RestClient(UpstreamClient):
         if self.binary is None and not self._asked_metadata:
             await self._learn_binary(ctx)
             self._asked_metadata = True
-        reply = await self._infer_once(request, self.binary is not False, ctx)
-        if self.binary is None:  # the metadata did not tell: learn from this attempt
+        raw = self._forwardable(request)
+        binary = self.binary is not False
+        reply = await self._infer_once(request, binary, raw, ctx)
+        sent_binary = codec.HEADER_LENGTH in raw.headers if raw is not None else binary
+        if self.binary is None and sent_binary:  # the metadata did not tell: learn from this attempt
             if reply.status == 200:
                 self.binary = True
             elif reply.status in _REJECTS_BINARY:
-                json_reply = await self._infer_once(request, False, ctx)
+                json_reply = await self._infer_once(request, False, None, ctx)
                 if json_reply.status == 200:
                     log.info("upstream %s rejected binary tensors with %d; sending JSON from now on",
                              self.label, reply.status)
                     self.binary = False
-                reply = json_reply
+                reply, raw = json_reply, None
         if reply.status != 200:
             raise self._error(reply)
+        if raw is not None and self._answers_as_asked(request):
+            self._note(ctx, PASSTHROUGH_VERBATIM)
+            return InferResponse(request.model_name, request.model_version, request.id, raw=self._raw_answer(reply))
+        if ctx.protocol == codec.PROTOCOL:  # a V2 REST client's request, translated at least one way
+            self._note(ctx, PASSTHROUGH_REQUEST_ONLY if raw is not None else PASSTHROUGH_TRANSLATED)
         with reading_reply(self.label):
             return codec.decode_infer_response(reply.body, reply.headers.get(codec.HEADER_LENGTH),
                                                self.services.config.limits.max_tensor_elements)
+
+    def _note(self, ctx: RequestContext, mode: str) -> None:
+        ctx.record.passthrough = mode
+        log.debug("infer %s on %s: %s", ctx.request_id, self.label, mode)
 
     async def model_metadata(self, model: str, version: str, ctx: RequestContext) -> ModelMetadata:
         reply = await self._send("GET", self._model_path(model, version), ctx=ctx)

@@ -38,6 +38,7 @@ from gateway.types import (
 if TYPE_CHECKING:
     from gateway.config import Limits
 
+PROTOCOL = "v2-rest"
 HEADER_LENGTH = "Inference-Header-Content-Length"
 BINARY_DATA_SIZE = "binary_data_size"
 JSON_TYPE = "application/json"
@@ -501,6 +502,41 @@ def encode_infer_response_parts(response: InferResponse, request: InferRequest) 
         head["parameters"] = parameters
     head["outputs"] = heads
     return body_parts(head, chunks)
+
+
+def binary_outputs_requested(request: InferRequest) -> bool:
+    """Whether the client asked for any output as binary data (request-level
+    ``binary_data_output`` or an output's ``binary_data``)."""
+    if request.parameters.get("binary_data_output") is True:
+        return True
+    return any(o.parameters.get("binary_data") is True for o in request.outputs)
+
+
+def renamed_response(body: bytes | bytearray, header_length: str | None, model_name: str,
+                     model_version: str | None) -> tuple[list[Any], dict[str, str]]:
+    """An upstream's answer with the model name (and version, unless None)
+    the client asked for. Only the JSON head is rewritten: its keys keep
+    their order and anything the gateway does not know stays; a binary
+    tail is not copied (the last part is a view of ``body``)."""
+    head, tail = split_body(body, header_length)
+    try:
+        obj = orjson.loads(head)
+        nonfinite = False
+    except orjson.JSONDecodeError:
+        obj = _loads_nonfinite_literals(head)  # Triton's NaN/Infinity literals, written back as such
+        nonfinite = True
+    if not isinstance(obj, dict):
+        raise malformed("the response is not a JSON object")
+    obj["model_name"] = model_name
+    if model_version is not None:
+        obj["model_version"] = model_version
+    try:
+        new_head = (json.dumps(obj, separators=(",", ":")).encode() if nonfinite else orjson.dumps(obj))
+    except (orjson.JSONEncodeError, ValueError, RecursionError):
+        raise malformed("the response cannot be written back as JSON") from None
+    if header_length is None:
+        return [new_head], {"Content-Type": JSON_TYPE}
+    return [new_head, tail], {"Content-Type": BINARY_TYPE, HEADER_LENGTH: str(len(new_head))}
 
 
 def encode_infer_request(request: InferRequest, binary: bool) -> tuple[bytes, dict[str, str]]:

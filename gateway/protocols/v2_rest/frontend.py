@@ -4,10 +4,13 @@ plus Triton's extensions (v2_rest/extensions.py)."""
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
+from gateway.confignode import Node
 from gateway.errors import ErrorKind, GatewayError
 from gateway.extensions import BINARY_TENSOR_DATA
 from gateway.extensions.service import Extensions
@@ -17,9 +20,13 @@ from gateway.httpserver import (
     error_middleware,
     request_context,
 )
+from gateway.observe import PASSTHROUGH_RENAMED
+from gateway.protocols.upstream import reading_reply
 from gateway.protocols.v2_rest import codec, extensions
+from gateway.routing import Route
+from gateway.types import InferRequest, InferResponse, RawPayload, RequestContext
 
-PROTOCOL = "v2-rest"
+PROTOCOL = codec.PROTOCOL
 
 MIN_COMPRESSED_BYTES = 1024
 # Binary answers from this size on are streamed part by part (see _stream).
@@ -41,9 +48,26 @@ v2_errors = error_middleware(
     {404: ErrorKind.MODEL_NOT_FOUND, 405: ErrorKind.UNSUPPORTED, 413: ErrorKind.TOO_LARGE})
 
 
+@dataclass(frozen=True, slots=True)
+class RouteOptions:
+    """A route's ``options.v2-rest``."""
+
+    # Offer the client's bytes to the upstream unchanged (the upstream's
+    # own ``passthrough`` must allow it too).
+    passthrough: bool = True
+
+
 class V2RestFrontend(HttpFrontend):
     extensions: Extensions
     probe_paths = frozenset({"/v2/health/live", "/v2/health/ready"})
+
+    @classmethod
+    def parse_route_options(cls, node: Node, base_dir: Path) -> RouteOptions:
+        if node.value is None:
+            return RouteOptions()
+        options = RouteOptions(node.flag("passthrough", True))
+        node.check_no_unknown_keys()
+        return options
 
     def render_error(self, error: GatewayError, status: int | None) -> web.StreamResponse:
         return error_response(error, status)
@@ -100,18 +124,34 @@ class V2RestFrontend(HttpFrontend):
         model, version = self._names(request)
         ctx = self.context(request)
         body = await self.read_buffer(request)
+        # The model is looked up before the body is read as a request: an
+        # unknown model is 404 whatever the body holds (as Triton, MLServer).
+        route = self.dataplane.resolve(model, version, ctx)
         limits = self.services.config.limits
+        header_length = request.headers.get(codec.HEADER_LENGTH)
         started = time.perf_counter()
-        infer_request = codec.decode_infer_request(
-            body, request.headers.get(codec.HEADER_LENGTH), model, version, limits.max_tensor_elements, limits)
+        # Decoded even when the bytes will be forwarded: the checks (and
+        # their errors) stay the gateway's, and mirrors, splits to other
+        # protocols and the statistics need the tensors.
+        try:
+            infer_request = codec.decode_infer_request(
+                body, header_length, model, version, limits.max_tensor_elements, limits)
+        except GatewayError:
+            ctx.record.model = ctx.record.version = ""  # a malformed request adds no model label
+            raise
         ctx.record.decode_seconds = time.perf_counter() - started
+        if _passthrough(route):
+            # (the header length was checked by the decode; sent on in its plain form)
+            infer_request.raw = (RawPayload(PROTOCOL, body) if header_length is None else RawPayload(
+                PROTOCOL, body, codec.BINARY_TYPE, {codec.HEADER_LENGTH: str(int(header_length))}))
         response = await self.extensions.infer(infer_request, ctx)
         # The inputs (views of the body) are done with: let them go before the
         # answer is built, so a big request and its answer do not overlap.
         infer_request.inputs = []
+        infer_request.raw = None
         del body
         started = time.perf_counter()
-        parts, headers = codec.encode_infer_response_parts(response, infer_request)
+        parts, headers = _answer(response, infer_request, route, ctx)
         ctx.record.encode_seconds = time.perf_counter() - started
         headers[REQUEST_ID_HEADER] = ctx.request_id
         size = sum(memoryview(part).nbytes for part in parts)
@@ -122,6 +162,28 @@ class V2RestFrontend(HttpFrontend):
         if coding is not None:
             reply.enable_compression(coding)
         return reply
+
+
+def _passthrough(route: Route) -> bool:
+    options = route.config.options.get(PROTOCOL)
+    return not isinstance(options, RouteOptions) or options.passthrough
+
+
+def _answer(response: InferResponse, request: InferRequest, route: Route,
+            ctx: RequestContext) -> tuple[list[Any], dict[str, str]]:
+    """The answer's body parts and headers: an upstream's own bytes when it
+    answered the client's unchanged request (with the model name the client
+    asked for when the route rewrote it), else encoded from the tensors."""
+    raw = response.raw
+    if raw is None or raw.protocol != PROTOCOL:
+        return codec.encode_infer_response_parts(response, request)
+    rewrite = route.config.rewrite
+    if rewrite.model is None and rewrite.version is None:
+        return [raw.body], {"Content-Type": raw.content_type, **raw.headers}
+    ctx.record.passthrough = PASSTHROUGH_RENAMED
+    with reading_reply(ctx.record.upstream):
+        return codec.renamed_response(raw.body, raw.headers.get(codec.HEADER_LENGTH), response.model_name,
+                                      response.model_version if rewrite.version is not None else None)
 
 
 def _compression(request: web.Request, size: int) -> web.ContentCoding | None:
