@@ -140,8 +140,8 @@ def _grpc_error(gateway: GatewayProcess, model: str) -> tuple[str, str, float]:
 
 CASES = {
     # model (= upstream name): (REST status, gRPC code, words in the message)
-    "down-rest": ("503", "StatusCode.UNAVAILABLE", "unavailable"),
-    "down-grpc": ("503", "StatusCode.UNAVAILABLE", "unavailable"),
+    "down-rest": ("503", "StatusCode.UNAVAILABLE", "cannot connect to upstream"),
+    "down-grpc": ("503", "StatusCode.UNAVAILABLE", "cannot connect to upstream"),
     "not-json": ("502", "StatusCode.INTERNAL", "not valid JSON"),
     "not-http": ("502", "StatusCode.INTERNAL", "unreadable HTTP reply"),
     "bad-sizes": ("502", "StatusCode.INTERNAL", "has 1 data elements but shape [4] needs 4"),
