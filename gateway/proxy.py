@@ -168,7 +168,16 @@ class DataPlane:
     # --- routing --------------------------------------------------------
 
     def resolve(self, model: str, version: str, ctx: RequestContext) -> Route:
-        return self._resolve(self._current, model, version, ctx)
+        """The route for a request whose body is not read yet: unknown models
+        are refused now, also behind a catch-all route when every upstream it
+        sends to can tell it does not serve the model (builtin)."""
+        generation = self._current
+        route = self._resolve(generation, model, version, ctx)
+        target, target_version = self._target(route, model, version)
+        known = [generation.clusters[name].clients[0].knows_model(target, target_version) for name in route.upstreams]
+        if known and all(k is False for k in known):
+            raise model_not_found(model, version)
+        return route
 
     @staticmethod
     def _resolve(generation: Generation, model: str, version: str, ctx: RequestContext) -> Route:

@@ -105,6 +105,9 @@ CASES: list[tuple[str, str, bytes, dict[str, str], int, str]] = [
     ("unknown model", "/v2/models/nope/infer", _identity_json("FP32", [1], [1]), {}, 404, "model: 'nope' is not"),
     ("unknown version", "/v2/models/simple/versions/7/infer", _identity_json("FP32", [1], [1]), {}, 404,
      "version '7'"),
+    # Behind the catch-all route to builtin models: the model is checked before the body.
+    ("unknown model, broken body", "/v2/models/nope/infer", b"{not json", {}, 404, "model: 'nope' is not"),
+    ("unknown version, broken body", "/v2/models/simple/versions/7/infer", b"{not json", {}, 404, "version '7'"),
     ("unsupported encoding", SIMPLE, b"xx", {"Content-Encoding": "br"}, 501, "Content-Encoding 'br'"),
     ("broken gzip", SIMPLE, b"not gzip at all", {"Content-Encoding": "gzip"}, 400, "not valid gzip"),
     ("missing input", SIMPLE, orjson.dumps({"inputs": [

@@ -51,6 +51,9 @@ class BuiltinClient(UpstreamClient):
         self.models = {name: model for name, model in default_models(options.gnn).items()
                        if name in options.models}
 
+    def knows_model(self, model: str, version: str) -> bool | None:
+        return model in self.models and version in ("", MODEL_VERSION)
+
     def _model(self, name: str, version: str) -> BuiltinModel:
         model = self.models.get(name)
         if model is None or version not in ("", MODEL_VERSION):

@@ -120,6 +120,12 @@ class UpstreamClient(abc.ABC):
     @abc.abstractmethod
     async def server_ready(self, ctx: RequestContext) -> bool: ...
 
+    def knows_model(self, model: str, version: str) -> bool | None:
+        """Whether this upstream serves ``model``, when it can tell without a
+        call (in-process upstreams); None otherwise. Lets a frontend answer
+        "model not found" before it reads a body meant for no model."""
+        return None
+
     async def list_models(self, ctx: RequestContext) -> list[str]:
         """Models this upstream can name itself; empty when it cannot list."""
         return []
