@@ -36,7 +36,7 @@ from support import (
 
 CHECK = "health_check: {interval: 150ms, timeout: 500ms, unhealthy_threshold: 1, healthy_threshold: 1}"
 # A flip takes about one check interval; these leave room for a loaded machine.
-DOWN_WITHIN = 3.0  # seconds from the peer's exit to "unhealthy"
+DOWN_WITHIN = 5.0  # seconds from the peer's exit to "unhealthy"
 FLIP_TIMEOUT = 10.0  # other waits (a restarted peer takes its start-up time first)
 
 
