@@ -20,6 +20,7 @@ from gateway.auth import Authenticator, CredentialConfig
 from gateway.config import Address, AdminConfig
 from gateway.configview import effective_config
 from gateway.errors import GatewayError
+from gateway.metrics import render_settled
 from gateway.types import RequestContext
 
 if TYPE_CHECKING:
@@ -85,7 +86,8 @@ async def routes(request: web.Request) -> web.Response:
 
 async def metrics(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY]
-    body, content_type = gateway.services.metrics.render(request.headers.get("Accept", ""))  # type: ignore[attr-defined]
+    body, content_type = await render_settled(gateway.services.metrics,  # type: ignore[attr-defined]
+                                              request.headers.get("Accept", ""))
     response = web.Response(body=body, headers={"Content-Type": content_type})
     if "gzip" in request.headers.get("Accept-Encoding", "").lower():
         response.enable_compression(web.ContentCoding.gzip)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import platform
+import struct
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -325,13 +326,31 @@ class GatewayMetrics:
 
     def render(self, accept: str = "") -> tuple[bytes, str]:
         """The exposition for a scrape: body and content type (Prometheus
-        text, or OpenMetrics when the scraper asks for it)."""
+        text, or OpenMetrics when the scraper asks for it). With workers it
+        may raise one of TORN_READ_ERRORS: try again a moment later."""
         registry = self.registry
         if self.multiprocess_dir:
             registry = CollectorRegistry(auto_describe=False)
             MultiProcessCollector(registry, path=self.multiprocess_dir)
         encoder, content_type = choose_encoder(accept)
         return encoder(registry), content_type
+
+
+# What reading the workers' metric files can raise while a worker is
+# creating its file (empty, not yet sized: struct.error) or one is being
+# removed (FileNotFoundError): prometheus-client reads them without locks.
+TORN_READ_ERRORS = (struct.error, RuntimeError, FileNotFoundError)
+
+
+async def render_settled(metrics: GatewayMetrics, accept: str = "", attempts: int = 5) -> tuple[bytes, str]:
+    """``metrics.render``, retried briefly past a torn read of a worker's
+    metric file (a restarted worker creates its files as it starts)."""
+    for _ in range(attempts - 1):
+        try:
+            return metrics.render(accept)
+        except TORN_READ_ERRORS:
+            await asyncio.sleep(0.02)
+    return metrics.render(accept)
 
 
 def metrics_hook(metrics: GatewayMetrics) -> Callable[[Any], None]:

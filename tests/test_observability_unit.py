@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from pathlib import Path
 
 import orjson
 import pytest
@@ -265,3 +266,37 @@ def test_redaction_covers_tls_keys_tokens_and_unknown_objects() -> None:
                     "options": Opaque(), "timeout": 1.5})
     assert shown == {"tls": {"cert": "/etc/tls/cert.pem", "key": REDACTED}, "auth": REDACTED,
                      "api_key": REDACTED, "options": "<Opaque>", "timeout": 1.5}
+
+
+def test_a_worker_file_being_created_is_a_torn_read_and_a_scrape_waits_it_out(tmp_path: Path) -> None:
+    from prometheus_client import generate_latest
+    from prometheus_client.multiprocess import MultiProcessCollector
+
+    from gateway.metrics import TORN_READ_ERRORS, render_settled
+
+    # A worker that has just opened its file but not sized it yet: a bare scrape fails.
+    (tmp_path / "counter_4242.db").write_bytes(b"")
+    registry = CollectorRegistry(auto_describe=False)
+    MultiProcessCollector(registry, path=str(tmp_path))
+    with pytest.raises(TORN_READ_ERRORS):
+        generate_latest(registry)
+
+    class Flaky:
+        """Torn reads for the first ``torn`` scrapes, then an answer."""
+
+        def __init__(self, torn: int) -> None:
+            self.torn, self.calls = torn, 0
+
+        def render(self, accept: str = "") -> tuple[bytes, str]:
+            self.calls += 1
+            if self.calls <= self.torn:
+                generate_latest(registry)  # raises the real error
+            return b"ok", "text/plain"
+
+    settles = Flaky(torn=2)
+    assert asyncio.run(render_settled(settles)) == (b"ok", "text/plain")  # type: ignore[arg-type]
+    assert settles.calls == 3
+    never = Flaky(torn=100)
+    with pytest.raises(TORN_READ_ERRORS):
+        asyncio.run(render_settled(never, attempts=3))  # type: ignore[arg-type]
+    assert never.calls == 3
