@@ -179,12 +179,11 @@ def metric_value(samples: list[tuple[str, dict[str, str], float]], name: str, **
                if sample == name and all(have.get(k) == v for k, v in labels.items()))
 
 
-def passthrough_counts(admin: str) -> dict[tuple[str, str], float]:
-    """``gateway_passthrough_requests_total`` from the admin listener at
-    ``admin`` (host:port), by (upstream, mode)."""
-    import requests
-    from prometheus_client.parser import text_string_to_metric_families
-
-    text = requests.get(f"http://{admin}/metrics", timeout=5).text
-    return {(s.labels["upstream"], s.labels["mode"]): s.value for family in text_string_to_metric_families(text)
-            for s in family.samples if s.name == "gateway_passthrough_requests_total"}
+def passthrough_counts(gw: GatewayProcess) -> dict[tuple[str, str], float]:
+    """``gateway_passthrough_requests_total`` by (upstream, mode), summed over listeners."""
+    counts: dict[tuple[str, str], float] = {}
+    for name, labels, value in scrape_metrics(gw):
+        if name == "gateway_passthrough_requests_total":
+            key = (labels["upstream"], labels["mode"])
+            counts[key] = counts.get(key, 0.0) + value
+    return counts

@@ -47,7 +47,7 @@ def gateway(mlserver: MLServerPeer, tmp_path_factory: pytest.TempPathFactory) ->
 
 
 def passthrough_count(gateway: GatewayProcess, mode: str) -> float:
-    return passthrough_counts(gateway.url("admin")).get(("mlserver-grpc", mode), 0.0)
+    return passthrough_counts(gateway).get(("mlserver-grpc", mode), 0.0)
 
 
 def simple_inputs(a: np.ndarray, b: np.ndarray) -> list[grpcclient.InferInput]:

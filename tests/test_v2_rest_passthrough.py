@@ -22,8 +22,7 @@ import requests
 import tritonclient.http as httpclient
 
 from peers.rest_standin import HEADER_LENGTH, Answer, RecordingUpstream
-from support import GatewayProcess, wait_for, write_config
-from support import passthrough_counts as support_passthrough_counts
+from support import GatewayProcess, passthrough_counts, wait_for, write_config
 
 # What the gateway would never write itself: spaces, its own key order,
 # fields and parameters it does not know.
@@ -105,8 +104,6 @@ def post(gateway: GatewayProcess, model: str, body: bytes, headers: dict[str, st
                          timeout=10)
 
 
-def passthrough_counts(gateway: GatewayProcess) -> dict[tuple[str, str], float]:
-    return support_passthrough_counts(gateway.url("admin"))
 
 
 def access_log(gateway: GatewayProcess) -> list[dict[str, Any]]:

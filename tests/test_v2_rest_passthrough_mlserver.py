@@ -13,8 +13,7 @@ import requests
 import tritonclient.http as httpclient
 
 from peers.mlserver import MLServerPeer
-from support import SIMPLE_INFER_REQUEST, GatewayProcess, wait_for, write_config
-from support import passthrough_counts as admin_passthrough_counts
+from support import SIMPLE_INFER_REQUEST, GatewayProcess, passthrough_counts, wait_for, write_config
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 A = np.arange(16, dtype=np.int32).reshape(1, 16)
@@ -37,8 +36,6 @@ routes:
         yield gw
 
 
-def passthrough_counts(gateway: GatewayProcess) -> dict[tuple[str, str], float]:
-    return admin_passthrough_counts(gateway.url("admin"))
 
 
 def counted(gateway: GatewayProcess, mode: str, before: dict[tuple[str, str], float]) -> None:
