@@ -27,6 +27,9 @@ DEFAULT_MAX_REQUEST_ELEMENTS = 1 << 26  # every wire form spends >= 1 byte per e
 DEFAULT_MAX_REQUEST_TENSOR_BYTES = 256 << 20  # JSON numbers inflate up to 4x into FP64
 DEFAULT_MAX_BYTES_ELEMENT = 16 << 20
 DEFAULT_MAX_JSON_DEPTH = 64
+# Arrays and objects in one JSON body: each costs ~0.1 µs of held interpreter
+# to build and free, so this bounds one body's parse to ~25 ms of it.
+DEFAULT_MAX_JSON_CONTAINERS = 1 << 18
 MAX_JSON_DEPTH = 254  # deeper documents cannot be written back by orjson
 DEFAULT_MAX_HEADER_LINE_BYTES = 8190  # aiohttp's own default
 DEFAULT_MAX_HEADERS = 100
@@ -35,6 +38,9 @@ DEFAULT_IDLE_TIMEOUT = 75.0  # above common load balancers' 60 s idle, as nginx
 DEFAULT_BODY_TIMEOUT = 60.0
 DEFAULT_MAX_CONNECTIONS = 1024
 DEFAULT_MAX_CONCURRENT_REQUESTS = 256
+# Per worker: bodies and decoded tensors of every request in flight together
+# (docs/security.md#memory-budget gives the worst case per worker).
+DEFAULT_MAX_INFLIGHT_BYTES = 512 << 20
 DEFAULT_CONFIG_RESOURCE = "default_config.yaml"
 DEFAULT_OTLP_ENDPOINT = "http://127.0.0.1:4318/v1/traces"
 
@@ -74,6 +80,7 @@ class Limits:
     max_request_tensor_bytes: int = DEFAULT_MAX_REQUEST_TENSOR_BYTES  # decoded size, all tensors
     max_bytes_element: int = DEFAULT_MAX_BYTES_ELEMENT  # one element of a BYTES tensor
     max_json_depth: int = DEFAULT_MAX_JSON_DEPTH  # nesting of arrays and objects in JSON bodies
+    max_json_containers: int = DEFAULT_MAX_JSON_CONTAINERS  # arrays and objects in one JSON body
     max_header_line_bytes: int = DEFAULT_MAX_HEADER_LINE_BYTES  # HTTP request line and each header
     max_headers: int = DEFAULT_MAX_HEADERS  # HTTP header count
     max_grpc_metadata_bytes: int = DEFAULT_MAX_GRPC_METADATA_BYTES  # all metadata of a gRPC call
@@ -81,6 +88,7 @@ class Limits:
     body_timeout: float = DEFAULT_BODY_TIMEOUT  # s: a request body must arrive within it
     max_connections: int = DEFAULT_MAX_CONNECTIONS  # per listener
     max_concurrent_requests: int = DEFAULT_MAX_CONCURRENT_REQUESTS  # per listener; more: overloaded
+    max_inflight_bytes: int = DEFAULT_MAX_INFLIGHT_BYTES  # per worker: the memory budget; more: refused
 
 
 @dataclass(frozen=True, slots=True)
@@ -776,6 +784,7 @@ def _limits(node: Node) -> Limits:
         max_request_tensor_bytes=node.size("max_request_tensor_bytes", DEFAULT_MAX_REQUEST_TENSOR_BYTES),
         max_bytes_element=node.size("max_bytes_element", DEFAULT_MAX_BYTES_ELEMENT),
         max_json_depth=node.integer("max_json_depth", DEFAULT_MAX_JSON_DEPTH, minimum=2),
+        max_json_containers=node.integer("max_json_containers", DEFAULT_MAX_JSON_CONTAINERS, minimum=16),
         max_header_line_bytes=node.size("max_header_line_bytes", DEFAULT_MAX_HEADER_LINE_BYTES),
         max_headers=node.integer("max_headers", DEFAULT_MAX_HEADERS, minimum=1),
         max_grpc_metadata_bytes=node.size("max_grpc_metadata_bytes", DEFAULT_MAX_GRPC_METADATA_BYTES),
@@ -783,7 +792,12 @@ def _limits(node: Node) -> Limits:
         body_timeout=positive_duration("body_timeout", DEFAULT_BODY_TIMEOUT),
         max_connections=node.integer("max_connections", DEFAULT_MAX_CONNECTIONS, minimum=1),
         max_concurrent_requests=node.integer("max_concurrent_requests", DEFAULT_MAX_CONCURRENT_REQUESTS, minimum=1),
+        max_inflight_bytes=node.size("max_inflight_bytes", DEFAULT_MAX_INFLIGHT_BYTES),
     )
+    if (isinstance(limits.max_inflight_bytes, int) and isinstance(limits.max_request_bytes, int)
+            and limits.max_inflight_bytes < limits.max_request_bytes):
+        node.error("must be at least limits.max_request_bytes (else the largest request never fits)",
+                   "max_inflight_bytes")
     if isinstance(limits.max_json_depth, int) and limits.max_json_depth > MAX_JSON_DEPTH:
         node.error(f"must be at most {MAX_JSON_DEPTH} (deeper JSON cannot be written back)", "max_json_depth")
     if isinstance(limits.max_header_line_bytes, int) and limits.max_header_line_bytes < 256:

@@ -48,6 +48,19 @@ class GatewayError(Exception):
         return f"GatewayError({self.kind.name}, {self.message!r})"
 
 
+class Saturated(GatewayError):
+    """The worker's memory budget (limits.max_inflight_bytes) is spent: the
+    request is refused at once. The gateway is saturated, not the client too
+    fast, so HTTP answers 503 with Retry-After rather than 429; gRPC says
+    RESOURCE_EXHAUSTED like any overload."""
+
+    http_status = 503
+    retry_after = 1  # seconds: in-flight requests usually finish well within it
+
+    def __init__(self, message: str) -> None:
+        super().__init__(ErrorKind.OVERLOADED, message)
+
+
 def malformed(message: str) -> GatewayError:
     return GatewayError(ErrorKind.MALFORMED_REQUEST, message)
 

@@ -17,6 +17,7 @@ from aiohttp.http_exceptions import BadHttpMessage, LineTooLong
 from aiohttp.web_protocol import RequestHandler
 
 from gateway.auth import Authenticator
+from gateway.budget import Reservation
 from gateway.config import ListenerConfig
 from gateway.errors import ErrorKind, GatewayError, malformed, too_large, unsupported
 from gateway.observe import (
@@ -30,6 +31,7 @@ from gateway.observe import (
     accept_tracestate,
     finish_request,
 )
+from gateway.offload import Offloader
 from gateway.protocols.base import Frontend
 from gateway.tls import ServerTls
 from gateway.types import RequestContext
@@ -39,7 +41,7 @@ _DECOMPRESS_CHUNK = 1 << 20
 _LINGERING_TIME = 10.0  # aiohttp's default
 
 
-def decompress(body: bytes, encoding: str, limit: int) -> bytes:
+def decompress(body: bytes | bytearray, encoding: str, limit: int) -> bytearray:
     """gzip/deflate body, refusing to inflate past ``limit`` bytes."""
     if encoding == "gzip":
         inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
@@ -50,11 +52,16 @@ def decompress(body: bytes, encoding: str, limit: int) -> bytes:
     out = bytearray()
     data = body
     try:
-        while data:
-            out += inflater.decompress(data, limit + 1 - len(out))
+        # Inflated a chunk at a time: each call releases the GIL while zlib
+        # works, and the output never lands in one more whole-body copy.
+        while data or not inflater.eof:
+            chunk = inflater.decompress(data, min(_DECOMPRESS_CHUNK, limit + 1 - len(out)))
+            out += chunk
             if len(out) > limit:
                 raise too_large(f"request body inflates to more than the limit of {limit} bytes")
             data = inflater.unconsumed_tail
+            if not chunk and not data:
+                break
         out += inflater.flush()
     except zlib.error as exc:
         raise GatewayError(ErrorKind.MALFORMED_REQUEST, f"request body is not valid {encoding}: {exc}") from None
@@ -62,7 +69,7 @@ def decompress(body: bytes, encoding: str, limit: int) -> bytes:
         raise too_large(f"request body inflates to more than the limit of {limit} bytes")
     if not inflater.eof:
         raise GatewayError(ErrorKind.MALFORMED_REQUEST, f"request body is a truncated {encoding} stream")
-    return bytes(out)
+    return out
 
 
 class HttpStatusError(GatewayError):
@@ -74,11 +81,14 @@ class HttpStatusError(GatewayError):
         self.http_status = http_status
 
 
+# What a request holds of the memory budget (HttpFrontend.reservation).
+RESERVATION = web.RequestKey("gateway_reservation", Reservation)
 # Set on a request whose body was abandoned: its connection must close.
 _ABANDONED = web.RequestKey("gateway_body_abandoned", bool)
 
 
-async def read_body(request: web.Request, limit: int, timeout: float | None = None) -> bytes | bytearray:
+async def read_body(request: web.Request, limit: int, timeout: float | None = None,
+                    offload: Offloader | None = None) -> bytes | bytearray:
     """The (decompressed) request body; TOO_LARGE past ``limit`` bytes,
     MALFORMED (HTTP 408) when it has not fully arrived within ``timeout`` s.
 
@@ -95,7 +105,7 @@ async def read_body(request: web.Request, limit: int, timeout: float | None = No
         async with asyncio.timeout(timeout):
             if declared is not None and encoding in ("identity", ""):
                 return await _read_exactly(request, declared)
-            body = await request.read()
+            body: bytes | bytearray = await request.read()
     except web.HTTPRequestEntityTooLarge:
         raise too_large(f"request body exceeds the limit of {limit} bytes") from None
     except TimeoutError:
@@ -103,7 +113,9 @@ async def read_body(request: web.Request, limit: int, timeout: float | None = No
         raise HttpStatusError(ErrorKind.MALFORMED_REQUEST, f"the request body did not arrive within {timeout:g}s "
                               "(limits.body_timeout)", 408) from None
     if encoding in ("gzip", "deflate"):
-        body = decompress(body, encoding, limit)
+        offload = offload or Offloader()
+        # sized by what it may inflate to (a thousandfold), not by what it is
+        body = await offload.run(len(body) << 10, decompress, body, encoding, limit)
     return body
 
 
@@ -136,7 +148,11 @@ def error_middleware(respond: Callable[[GatewayError, int | None], web.StreamRes
             return await handler(request)
         except GatewayError as error:
             note_error(request, error)
-            return respond(error, getattr(error, "http_status", None))
+            response = respond(error, getattr(error, "http_status", None))
+            retry_after = getattr(error, "retry_after", None)
+            if retry_after is not None:
+                response.headers["Retry-After"] = str(retry_after)
+            return response
         except web.HTTPException as exc:
             if exc.status < 400:
                 raise
@@ -445,10 +461,26 @@ class HttpFrontend(Frontend):
                                                 self.render_error, self.probe_paths)
         return guard
 
+    def reservation(self, request: web.Request) -> Reservation:
+        """What this request holds of the memory budget (released when its
+        handler ends, by :meth:`_release_budget`)."""
+        held = request.get(RESERVATION)
+        if held is None:
+            held = request[RESERVATION] = self.services.budget.reserve()
+        return held
+
     async def read_buffer(self, request: web.Request) -> bytes | bytearray:
         """The request body under the listener's size limit and read timeout,
-        uncopied (tensor payloads decode as views of it)."""
-        return await read_body(request, self.max_body, self.services.config.limits.body_timeout)
+        uncopied (tensor payloads decode as views of it), charged to the
+        memory budget before it is read (when its length is declared)."""
+        reservation = self.reservation(request)
+        declared = request.content_length
+        if declared is not None and declared <= self.max_body:
+            reservation.grow(declared)
+        body = await read_body(request, self.max_body, self.services.config.limits.body_timeout,
+                               self.services.offload)
+        reservation.grow(len(body) - min(declared or 0, len(body)))  # inflated, or sent without a length
+        return body
 
     async def read_body(self, request: web.Request) -> bytes:
         """:meth:`read_buffer` as immutable bytes (for JSON, hashing)."""
@@ -458,12 +490,23 @@ class HttpFrontend(Frontend):
     def new_app(self, middlewares: list[Callable[..., Awaitable[Any]]]) -> web.Application:
         # aiohttp's own 1 MiB default is far too small for tensors; the body
         # limit is applied deliberately, one byte over so our check answers.
-        first: list[Callable[..., Awaitable[Any]]] = [observing_middleware(self), self._close_when_draining]
+        first: list[Callable[..., Awaitable[Any]]] = [observing_middleware(self), self._release_budget,
+                                                      self._close_when_draining]
         if self.listener.auth is not None:  # tokens are read here, when the listener starts
             self._authenticator = Authenticator(self.listener.auth)
             first.append(auth_middleware(self._authenticator, self.probe_paths, self.render_error))
         first.append(self.guard.middleware())
         return web.Application(client_max_size=self.max_body + 1, middlewares=[*first, *middlewares])
+
+    @web.middleware
+    async def _release_budget(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        try:
+            response: web.StreamResponse = await handler(request)
+            return response
+        finally:
+            held = request.get(RESERVATION)
+            if held is not None:
+                held.release()
 
     @web.middleware
     async def _close_when_draining(self, request: web.Request, handler: Any) -> web.StreamResponse:

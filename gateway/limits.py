@@ -10,6 +10,8 @@ frontend. docs/security.md lists every limit and its default.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -22,6 +24,9 @@ if TYPE_CHECKING:
 
 # Width of a BYTES element's length prefix: its least wire size.
 BYTES_PREFIX = 4
+# A BYTES element decoded: a Python bytes object and its slot in the array
+# (what the memory budget charges per element, beside the payload).
+BYTES_ELEMENT_COST = 64
 
 
 class TensorBudget:
@@ -33,22 +38,25 @@ class TensorBudget:
     tensors claim their prefix size first and the rest once known.
     """
 
-    __slots__ = ("bytes", "elements", "max_bytes_element", "max_request_elements",
+    __slots__ = ("bytes", "charge", "elements", "max_bytes_element", "max_request_elements",
                  "max_request_tensor_bytes", "max_tensor_elements")
 
     def __init__(self, max_tensor_elements: int, max_request_elements: int, max_request_tensor_bytes: int,
-                 max_bytes_element: int) -> None:
+                 max_bytes_element: int, charge: Callable[[int], None] | None = None) -> None:
         self.max_tensor_elements = max_tensor_elements
         self.max_request_elements = max_request_elements
         self.max_request_tensor_bytes = max_request_tensor_bytes
         self.max_bytes_element = max_bytes_element
         self.elements = 0
         self.bytes = 0
+        # The memory budget's reservation: BYTES elements become Python objects
+        # (BYTES_ELEMENT_COST each), charged before they are made.
+        self.charge = charge
 
     @classmethod
-    def of(cls, limits: Limits) -> TensorBudget:
+    def of(cls, limits: Limits, charge: Callable[[int], None] | None = None) -> TensorBudget:
         return cls(limits.max_tensor_elements, limits.max_request_elements, limits.max_request_tensor_bytes,
-                   limits.max_bytes_element)
+                   limits.max_bytes_element, charge)
 
     @classmethod
     def unlimited(cls, max_tensor_elements: int) -> TensorBudget:
@@ -64,6 +72,8 @@ class TensorBudget:
             raise too_large(f"{where}: the request's tensors hold more than limits.max_request_elements "
                             f"({self.max_request_elements}) elements")
         self.add_bytes(count * ELEMENT_SIZE.get(datatype, BYTES_PREFIX), where)
+        if datatype == "BYTES" and self.charge is not None:
+            self.charge(count * BYTES_ELEMENT_COST)
         return count
 
     def add_bytes(self, size: int, where: str) -> None:
@@ -84,49 +94,70 @@ class TensorBudget:
         self.add_bytes(sum(map(len, items)), where)
 
 
-# --- JSON nesting -------------------------------------------------------------
+# --- JSON nesting and size ---------------------------------------------------
 
-# Byte -> 1 for the characters that matter to nesting: brackets, quotes, backslashes.
-_STRUCTURAL = np.zeros(256, dtype=np.bool_)
-_STRUCTURAL[list(b'[]{}"\\')] = True
-_STRUCTURAL.flags.writeable = False  # a constant table
-_OPEN = np.frombuffer(b"[{", dtype=np.uint8)
-_CLOSE = np.frombuffer(b"]}", dtype=np.uint8)
-_QUOTE, _BACKSLASH = ord('"'), ord("\\")
+_SCAN_CHUNK = 1 << 20
+_BACKSLASH = 0x5C
+_QUOTE, _OPEN_ARRAY, _OPEN_OBJECT, _CLOSE_ARRAY, _CLOSE_OBJECT, _COMMA = (ord(c) for c in '"[{]},')
+
+
+@dataclass(frozen=True, slots=True)
+class JsonShape:
+    """What a JSON text will build when parsed, read without parsing it."""
+
+    depth: int  # deepest nesting of arrays and objects
+    values: int  # an upper bound on its values (commas outside strings, plus one)
+    containers: int  # arrays and objects
+
+
+def scan_json(body: bytes | bytearray | memoryview) -> JsonShape:
+    """The nesting and size of a JSON text, in numpy, a chunk at a time.
+
+    Memory stays a few times the chunk whatever the body holds, and each
+    step is a numpy loop that releases the GIL, so it runs well in the
+    offload pool. Escapes are removed first (``\\\\`` pairs, then ``\\"``),
+    which leaves every remaining quote a string delimiter; brackets and
+    commas between delimiters do not count. On text that is not JSON the
+    result is only a bound, which is fine: such text is refused when parsed.
+    """
+    view = memoryview(body).cast("B")
+    size = len(view)
+    start = depth = deepest = quotes = values = containers = 0
+    while start < size:
+        end = min(start + _SCAN_CHUNK, size)
+        while end < size and view[end - 1] == _BACKSLASH:  # a backslash run ends inside its chunk
+            end += 1
+        text = bytes(view[start:end])
+        if b"\\" in text:
+            text = text.replace(b"\\\\", b"").replace(b'\\"', b"")
+        count = text.count
+        delimiters = count(b'"')
+        if delimiters == 0 and quotes & 1:
+            start = end  # all inside one string
+            continue
+        brackets = count(b"[") + count(b"{") + count(b"]") + count(b"}")
+        if delimiters == 0 and brackets == 0:  # the bulk of a numeric array: counting is enough
+            values += count(b",")
+            start = end
+            continue
+        chars = np.frombuffer(text, dtype=np.uint8)
+        outside = ((np.cumsum(chars == _QUOTE, dtype=np.int64) + quotes) & 1) == 0
+        quotes += delimiters
+        opens = ((chars == _OPEN_ARRAY) | (chars == _OPEN_OBJECT)) & outside
+        closes = ((chars == _CLOSE_ARRAY) | (chars == _CLOSE_OBJECT)) & outside
+        levels = np.cumsum(opens.view(np.int8) - closes.view(np.int8), dtype=np.int64)
+        if levels.size:
+            deepest = max(deepest, depth + int(levels.max()))
+            depth += int(levels[-1])
+        containers += int(np.count_nonzero(opens))
+        values += int(np.count_nonzero((chars == _COMMA) & outside))
+        start = end
+    return JsonShape(deepest, values + 1, containers)
 
 
 def json_depth(body: bytes | bytearray | memoryview) -> int:
-    """The deepest nesting of arrays and objects in a JSON text.
-
-    Runs in numpy over the structural characters only, so it costs a few
-    passes over the bytes whatever the nesting. Brackets inside strings do
-    not count; a quote counts as a delimiter unless an odd run of
-    backslashes precedes it. On text that is not JSON the result is only a
-    bound, which is fine: such text is refused when parsed.
-    """
-    data = np.frombuffer(body, dtype=np.uint8)
-    if data.size == 0:
-        return 0
-    positions = np.flatnonzero(_STRUCTURAL[data])
-    chars = data[positions]
-    # For each structural char: is the one before it a backslash right next to it?
-    # Runs of backslashes are consecutive entries; their length decides escaping.
-    count = chars.size
-    is_backslash = chars == _BACKSLASH
-    after_backslash = np.zeros(count, dtype=np.bool_)  # right after a backslash, no gap
-    after_backslash[1:] = is_backslash[:-1] & (np.diff(positions) == 1)
-    run_before = np.zeros(count, dtype=np.int64)  # backslashes right before each entry
-    if after_backslash.any():
-        # Backslash runs are consecutive entries; number each entry within its run.
-        continues = is_backslash & after_backslash
-        starts = np.flatnonzero(~continues)
-        run_length = np.arange(count) - starts[np.cumsum(~continues) - 1] + 1
-        run_before[1:] = np.where(after_backslash[1:], run_length[:-1], 0)
-    delimiter = (chars == _QUOTE) & (run_before % 2 == 0)
-    inside = (np.cumsum(delimiter) - delimiter) % 2 == 1  # within a string (delimiters themselves: no)
-    step = np.isin(chars, _OPEN).astype(np.int64) - np.isin(chars, _CLOSE)
-    step[inside] = 0
-    return int(np.cumsum(step).max(initial=0))
+    """The deepest nesting of arrays and objects in a JSON text."""
+    return scan_json(body).depth
 
 
 def check_json_depth(body: bytes | bytearray | memoryview, limit: int, what: str) -> None:
@@ -135,9 +166,15 @@ def check_json_depth(body: bytes | bytearray | memoryview, limit: int, what: str
     A cheap count rules most bodies out before the scan: a text cannot nest
     deeper than it has opening brackets.
     """
-    raw = bytes(body) if isinstance(body, memoryview) else body
+    raw = body.obj if isinstance(body, memoryview) and isinstance(body.obj, bytes | bytearray) \
+        and len(body) == len(body.obj) else body
+    if isinstance(raw, memoryview):
+        raw = bytes(raw)
     if raw.count(b"[") + raw.count(b"{") <= limit:
         return
-    depth = json_depth(raw)
+    check_depth(json_depth(raw), limit, what)
+
+
+def check_depth(depth: int, limit: int, what: str) -> None:
     if depth > limit:
         raise malformed(f"{what} nests JSON {depth} levels deep, over limits.max_json_depth ({limit})")

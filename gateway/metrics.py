@@ -192,6 +192,13 @@ class GatewayMetrics:
         self.worker_processes = Gauge(
             "gateway_worker_processes", "Live gateway worker processes.", multiprocess_mode="livesum",
             registry=r)
+        self.inflight_bytes = Gauge(
+            "gateway_inflight_bytes", "Bytes of request bodies and decoded tensors in flight: the part of "
+            "the memory budget (limits.max_inflight_bytes, per worker) in use.", multiprocess_mode="livesum",
+            registry=r)
+        self.budget_refusals = Counter(
+            "gateway_inflight_budget_refusals", "Requests refused at once because the memory budget "
+            "(limits.max_inflight_bytes) was spent.", registry=r)
         self.worker_restarts = Counter(
             "gateway_worker_restarts", "Worker processes restarted by the supervisor after they exited "
             "unexpectedly (counted by each restarted worker).", registry=r)

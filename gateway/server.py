@@ -19,11 +19,13 @@ from gateway import __version__
 from gateway.accesslog import AccessLog
 from gateway.admin import ADMIN_AUTH, start_admin
 from gateway.auth import CredentialConfig
+from gateway.budget import InflightBudget
 from gateway.config import GatewayConfig, ServerIdentity, load_config
 from gateway.confignode import ConfigError
 from gateway.counters import Counters
 from gateway.extensions.statistics import StatisticsStore
 from gateway.metrics import GatewayMetrics
+from gateway.offload import Offloader
 from gateway.protocols import registry
 from gateway.protocols.base import Frontend
 from gateway.proxy import DataPlane
@@ -52,6 +54,9 @@ class GatewayServices:
     tracing: Tracing | None = None  # OpenTelemetry, when observability.tracing.enabled
     # Triton-style per-model statistics, fed by finish_request like the metrics.
     statistics: StatisticsStore = field(default_factory=StatisticsStore)
+    # Bytes in flight (limits.max_inflight_bytes) and the pool for body-sized work.
+    budget: InflightBudget = field(default_factory=lambda: InflightBudget(1 << 62))
+    offload: Offloader = field(default_factory=Offloader)
 
 
 def build_metrics(config: GatewayConfig, version: str, registry: CollectorRegistry | None = None,
@@ -105,14 +110,17 @@ class Gateway:
         self.config = config
         self.config_path = config_path
         version = config.server.version or __version__
+        metrics = build_metrics(config, version, registry, multiprocess_dir)
         self.services = GatewayServices(
             config, ServerIdentity(config.server.name, version, config.server.extensions),
-            metrics=build_metrics(config, version, registry, multiprocess_dir),
+            metrics=metrics,
             access_log=AccessLog.open(config.observability.access_log, worker),
             reuse_port=worker is not None, worker=worker,
             tracing=Tracing(config.observability.tracing, version, worker)
             if config.observability.tracing.enabled else None,
-            statistics=StatisticsStore(config.observability.metrics.max_model_labels))
+            statistics=StatisticsStore(config.observability.metrics.max_model_labels),
+            budget=InflightBudget(config.limits.max_inflight_bytes, metrics.inflight_bytes.set,
+                                  metrics.budget_refusals.inc))
         self.counters = counters or Counters()
         self.dataplane = DataPlane(config, self.services, self.counters)
         self.frontends: dict[str, Frontend] = {}
@@ -173,6 +181,7 @@ class Gateway:
             self._admin = None
         await self.dataplane.close()
         self.services.access_log.close()
+        self.services.offload.close()
         if self.services.tracing is not None:
             self.services.tracing.close()
         self._stopped.set()

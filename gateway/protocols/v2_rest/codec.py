@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import struct
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -410,17 +410,20 @@ def split_body(body: bytes | bytearray, header_length: str | None) -> tuple[memo
 
 
 def decode_infer_request(body: bytes | bytearray, header_length: str | None, model: str, version: str,
-                         max_elements: int, limits: Limits | None = None) -> InferRequest:
+                         max_elements: int, limits: Limits | None = None, *, depth_checked: bool = False,
+                         charge: Callable[[int], None] | None = None) -> InferRequest:
     """A client's infer request; ``limits`` (the gateway's) adds the
-    request-wide tensor budget and the JSON nesting bound."""
+    request-wide tensor budget and the JSON nesting bound (unless the caller
+    has ``depth_checked`` it); ``charge`` takes what decoding will allocate
+    beyond the body (the memory budget)."""
     head, binary = split_body(body, header_length)
-    if limits is not None:
+    if limits is not None and not depth_checked:
         # a binary request's head is small; a JSON one is the whole body (no copy)
         check_json_depth(body if header_length is None else head, limits.max_json_depth, "the request")
     obj = load_json_object(head, "the request")
     request_id = _optional(obj, "id", str, "request", "")
     parameters = dict(_optional(obj, "parameters", dict, "request", {}))
-    budget = TensorBudget.of(limits) if limits is not None else None
+    budget = TensorBudget.of(limits, charge) if limits is not None else None
     inputs = decode_tensors(_required(obj, "inputs", list, "request"), binary, "input", max_elements, budget)
     outputs: list[RequestedOutput] = []
     for index, item in enumerate(_optional(obj, "outputs", list, "request", [])):

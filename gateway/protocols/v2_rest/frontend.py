@@ -10,6 +10,7 @@ from typing import Any
 
 from aiohttp import web
 
+from gateway.budget import admit_json
 from gateway.confignode import Node
 from gateway.errors import ErrorKind, GatewayError
 from gateway.extensions import BINARY_TENSOR_DATA
@@ -20,6 +21,7 @@ from gateway.httpserver import (
     error_middleware,
     request_context,
 )
+from gateway.limits import BYTES_ELEMENT_COST
 from gateway.observe import PASSTHROUGH_RENAMED
 from gateway.protocols.upstream import reading_reply
 from gateway.protocols.v2_rest import codec, extensions
@@ -129,13 +131,20 @@ class V2RestFrontend(HttpFrontend):
         route = self.dataplane.resolve(model, version, ctx)
         limits = self.services.config.limits
         header_length = request.headers.get(codec.HEADER_LENGTH)
+        # Nesting checked and what parsing builds charged to the memory budget
+        # before anything parses the JSON (a binary request's head too).
+        reservation = self.reservation(request)
+        offload = self.services.offload
+        await admit_json(codec.split_body(body, header_length)[0], reservation, offload, limits, "the request")
         started = time.perf_counter()
         # Decoded even when the bytes will be forwarded: the checks (and
         # their errors) stay the gateway's, and mirrors, splits to other
-        # protocols and the statistics need the tensors.
+        # protocols and the statistics need the tensors. Big bodies are
+        # decoded in the offload pool, never on the loop.
         try:
-            infer_request = codec.decode_infer_request(
-                body, header_length, model, version, limits.max_tensor_elements, limits)
+            infer_request = await offload.run(
+                len(body), codec.decode_infer_request, body, header_length, model, version,
+                limits.max_tensor_elements, limits, depth_checked=True, charge=reservation.grow)
         except GatewayError:
             ctx.record.model = ctx.record.version = ""  # a malformed request adds no model label
             raise
@@ -150,8 +159,10 @@ class V2RestFrontend(HttpFrontend):
         infer_request.inputs = []
         infer_request.raw = None
         del body
+        size = _answer_size(response, route)
+        reservation.grow(size)  # what encoding builds, charged before it is built
         started = time.perf_counter()
-        parts, headers = _answer(response, infer_request, route, ctx)
+        parts, headers = await offload.run(size, _answer, response, infer_request, route, ctx)
         ctx.record.encode_seconds = time.perf_counter() - started
         headers[REQUEST_ID_HEADER] = ctx.request_id
         size = sum(memoryview(part).nbytes for part in parts)
@@ -184,6 +195,19 @@ def _answer(response: InferResponse, request: InferRequest, route: Route,
     with reading_reply(ctx.record.upstream):
         return codec.renamed_response(raw.body, raw.headers.get(codec.HEADER_LENGTH), response.model_name,
                                       response.model_version if rewrite.version is not None else None)
+
+
+def _answer_size(response: InferResponse, route: Route) -> int:
+    """An upper estimate of what :func:`_answer` builds: charged to the
+    memory budget, and it chooses where the encoding runs."""
+    raw = response.raw
+    if raw is not None and raw.protocol == PROTOCOL:
+        rewrite = route.config.rewrite
+        return 0 if rewrite.model is None and rewrite.version is None else len(raw.body)
+    # JSON text of a number takes at most ~3 times its binary size; a BYTES
+    # element becomes a Python str (or length-prefixed bytes) on the way.
+    return sum(tensor.data.size * BYTES_ELEMENT_COST if tensor.datatype == "BYTES" else 3 * tensor.data.nbytes
+               for tensor in response.outputs)
 
 
 def _compression(request: web.Request, size: int) -> web.ContentCoding | None:

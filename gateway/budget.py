@@ -1,0 +1,119 @@
+"""The memory budget: bytes of bodies and decoded tensors in flight, per
+worker (like Envoy's overload manager).
+
+Each request holds a :class:`Reservation` from the moment its size is known
+(a Content-Length, a gRPC message) and grows it as it learns more (inflated
+bytes, what decoding a JSON body will build) before it allocates that much.
+Past the budget the request is refused at once (:class:`Saturated`), never
+queued; everything a request reserved is given back when it ends.
+docs/security.md gives the worst-case memory per worker as a formula.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from gateway.errors import Saturated, too_large
+from gateway.limits import check_depth, scan_json
+from gateway.offload import Offloader
+
+if TYPE_CHECKING:
+    from gateway.config import Limits
+
+# What decoding a JSON text builds beyond the text itself, per value
+# (a Python float or str and its list slot, ~32-60 bytes) and per array or
+# object (56-232 bytes): an upper estimate, so a body of a million empty
+# lists cannot cost 20 times its size unannounced.
+JSON_BYTES_PER_VALUE = 48
+JSON_BYTES_PER_CONTAINER = 128
+
+
+# A small body is charged this many times its size, unscanned: more than
+# any JSON text can build (an empty list, 3 bytes with its comma, is ~64).
+SMALL_JSON_FACTOR = 24
+
+
+def json_decode_cost(values: int, containers: int) -> int:
+    return values * JSON_BYTES_PER_VALUE + containers * JSON_BYTES_PER_CONTAINER
+
+
+class InflightBudget:
+    """One worker's budget of bytes in flight."""
+
+    def __init__(self, limit: int, on_change: Callable[[int], None] | None = None,
+                 on_refusal: Callable[[], None] | None = None) -> None:
+        self.limit = limit
+        self.used = 0
+        self._lock = threading.Lock()  # decoders in the offload pool charge too
+        self._on_change = on_change or (lambda used: None)  # the in-flight gauge
+        self._on_refusal = on_refusal or (lambda: None)  # the refusal counter
+
+    def reserve(self, size: int = 0) -> Reservation:
+        reservation = Reservation(self)
+        reservation.grow(size)
+        return reservation
+
+    def _take(self, held: int, size: int) -> None:
+        if held + size > self.limit:  # never fits, however idle the gateway: no retry helps
+            raise too_large(f"the request needs {held + size} bytes in flight, over "
+                            f"limits.max_inflight_bytes ({self.limit})")
+        with self._lock:
+            if self.used + size > self.limit:
+                refused = True
+            else:
+                refused = False
+                self.used += size
+                used = self.used
+        if refused:
+            self._on_refusal()
+            raise Saturated("the gateway is at its memory budget for requests in flight "
+                            f"(limits.max_inflight_bytes, {self.limit} bytes); retry later")
+        self._on_change(used)
+
+    def _give_back(self, size: int) -> None:
+        with self._lock:
+            self.used -= size
+            used = self.used
+        self._on_change(used)
+
+
+class Reservation:
+    """What one request holds of the budget; released once, when it ends."""
+
+    __slots__ = ("_budget", "size")
+
+    def __init__(self, budget: InflightBudget) -> None:
+        self._budget = budget
+        self.size = 0
+
+    def grow(self, size: int) -> None:
+        """Hold ``size`` more bytes, or raise Saturated holding nothing more."""
+        if size > 0:
+            self._budget._take(self.size, size)
+            self.size += size
+
+    def release(self) -> None:
+        if self.size:
+            size, self.size = self.size, 0
+            self._budget._give_back(size)
+
+
+async def admit_json(body: bytes | bytearray | memoryview, reservation: Reservation, offload: Offloader,
+                     limits: Limits, what: str) -> None:
+    """Check a JSON text's nesting and size and charge what parsing it will
+    build, before anything parses it. Big texts are scanned in the pool."""
+    size = len(body)
+    if size < offload.min_bytes:
+        text = bytes(body) if isinstance(body, memoryview) else body
+        if text.count(b"[") + text.count(b"{") <= min(limits.max_json_depth, limits.max_json_containers):
+            reservation.grow(size * SMALL_JSON_FACTOR)  # within every bound, whatever the strings hold
+            return
+    shape = await offload.run(size, scan_json, body)
+    check_depth(shape.depth, limits.max_json_depth, what)
+    if shape.containers > limits.max_json_containers:
+        raise too_large(f"{what} holds {shape.containers} JSON arrays and objects, over "
+                        f"limits.max_json_containers ({limits.max_json_containers})")
+    reservation.grow(json_decode_cost(shape.values, shape.containers) if size >= offload.min_bytes
+                     else size * SMALL_JSON_FACTOR)

@@ -1,0 +1,42 @@
+"""Issue 15's stall test: while three clients each send the worst body the
+default limits admit, every listener's health probe and a small infer on
+another connection are answered promptly, and memory stays bounded.
+
+The recipe (tests/peers/stall_attack.py) is the one docs/security.md quotes;
+``python -m peers.stall_attack`` prints the same figures for a longer run.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from peers.stall_attack import ATTACKS, CONFIG, run_attack
+from support import GatewayProcess, write_config
+
+# The issue's bounds: median and worst probe latency, and RSS growth.
+MEDIAN_BOUND = 0.050
+MAX_BOUND = 1.0
+RSS_BOUND = 1 << 30
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory: pytest.TempPathFactory) -> GatewayProcess:
+    directory = tmp_path_factory.mktemp("stall")
+    with GatewayProcess(write_config(directory, CONFIG), directory / "gateway.log") as gw:
+        yield gw
+
+
+@pytest.mark.parametrize("attack", ATTACKS)
+def test_probes_stay_fast_under_attack(gateway: GatewayProcess, attack: str) -> None:
+    assert gateway.proc is not None
+    result = run_attack(gateway.ports, gateway.proc.pid, [attack] * 3, seconds=4.0)
+    report = result.report()
+    answered = sum(tally["200"] for tally in result.attacks.values())
+    assert answered > 0, f"no attack body was served: the test would prove nothing\n{report}"
+    for probe in result.probes.values():
+        median, worst = probe.figures()
+        assert probe.failures == 0, report
+        assert median <= MEDIAN_BOUND, report
+        assert worst <= MAX_BOUND, report
+    assert result.rss_growth <= RSS_BOUND, report
+    assert gateway.proc.poll() is None, report
