@@ -7,10 +7,8 @@ GraphStorm's envelope; the outcome is its ``status_code``.
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import logging
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,10 +16,10 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from gateway.budget import admit_json
 from gateway.confignode import Node
 from gateway.errors import ErrorKind, GatewayError
 from gateway.httpserver import REQUEST_ID_HEADER, HttpFrontend, note_error, request_context
-from gateway.limits import check_json_depth
 from gateway.observe import Translating
 from gateway.protocols.graphstorm import codec, status
 from gateway.protocols.graphstorm.graph import (
@@ -67,22 +65,13 @@ def route_options(options: Any) -> RouteOptions:
     return found if isinstance(found, RouteOptions) else RouteOptions()
 
 
-@contextlib.contextmanager
-def gc_paused() -> Iterator[None]:
-    """Pause the cyclic garbage collector while a payload becomes objects.
-
-    Parsing a large payload creates hundreds of thousands of containers and
-    triggers full collections that find nothing (measured: JSON parsing of a
-    6 MB payload takes 2-3 times longer). The section is synchronous, so
-    nothing else runs on this thread meanwhile.
-    """
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
+def _decode_invocation(payload: Any, options: Any) -> tuple[Any, list[Any]]:
+    """The payload's invocation and its graph as tensors. Big payloads are
+    decoded in the offload pool, with the cycle collector paused (parsing a
+    6 MB payload made full collections that found nothing and took 2-3
+    times the parse)."""
+    invocation = codec.decode_invocation(payload, options.schema, options.tasks)
+    return invocation, invocation.graph.to_tensors()
 
 
 def json_response(body: bytes, status_code: int = 200) -> web.Response:
@@ -160,11 +149,14 @@ class GraphStormFrontend(HttpFrontend):
             codec.check_content_type(request.headers.get("Content-Type"))
             try:
                 body = await self.read_body(request)
-                check_json_depth(body, self.services.config.limits.max_json_depth, "the body")
+                await admit_json(body, self.reservation(request), self.services.offload,
+                                 self.services.config.limits, "the body")
             except GatewayError as exc:  # too large, too deep, slow, bad Content-Encoding: a request format error
+                if exc.kind is ErrorKind.OVERLOADED:  # the memory budget: not the request's fault
+                    raise
                 raise GraphStormError(status.JSON_FORMAT, exc.kind, exc.message) from None
-            with gc_paused(), Translating(ctx.record, "decode"):
-                payload = codec.parse_json(body)
+            with Translating(ctx.record, "decode"):
+                payload = await self.services.offload.run(len(body), codec.parse_json, body)
             uid = codec.request_uid(body)
             answer, status_code = await self._invoke(request, body, payload, uid, ctx)
         except GatewayError as error:
@@ -195,9 +187,9 @@ class GraphStormFrontend(HttpFrontend):
                 raise GraphStormError(status.JSON_FORMAT, exc.kind, exc.message) from None
             raise status.internal(exc.message, exc.kind) from None
         options = route_options(route.config.options)
-        with gc_paused(), Translating(ctx.record, "decode"):
-            invocation = codec.decode_invocation(payload, options.schema, options.tasks)
-            tensors = invocation.graph.to_tensors()
+        with Translating(ctx.record, "decode"):
+            invocation, tensors = await self.services.offload.run(len(body), _decode_invocation, payload,
+                                                                  options)
         infer_request = InferRequest(
             model, "", uid, tensors, parameters={TASK_PARAMETER: invocation.task, CONTRACT_PARAMETER: CONTRACT},
             raw=RawPayload(PROTOCOL, body, codec.JSON_TYPE))
@@ -210,7 +202,9 @@ class GraphStormFrontend(HttpFrontend):
                     ctx.record.fail(status.kind_of_status(code).value, f"the upstream answered status_code {code}")
                 return bytes(response.raw.body), code  # bytes stay uncopied
             with Translating(ctx.record, "encode"):
-                return codec.encode_results(invocation, response.outputs, uid), status.OK
+                encoded = await self.services.offload.run(len(body), codec.encode_results, invocation,
+                                                          response.outputs, uid)
+                return encoded, status.OK
         except GraphStormError:
             raise
         except GatewayError as exc:  # after validation every failure is an inference failure

@@ -16,10 +16,10 @@ from typing import Any
 
 from aiohttp import web
 
+from gateway.budget import admit_json
 from gateway.confignode import Node
 from gateway.errors import ErrorKind, GatewayError
 from gateway.httpserver import REQUEST_ID_HEADER, HttpFrontend, error_middleware, request_context
-from gateway.limits import check_json_depth
 from gateway.observe import Translating, operation_label
 from gateway.protocols.umbridge import codec
 from gateway.protocols.umbridge.bridge import Bridge
@@ -123,9 +123,10 @@ class UmbridgeFrontend(HttpFrontend):
     async def _call(self, request: web.Request) -> tuple[codec.Call, RequestContext]:
         ctx = request_context(request, self.listener.name, PROTOCOL)
         body = await self.read_body(request)
-        check_json_depth(body, self.services.config.limits.max_json_depth, "the request body")
+        await admit_json(body, self.reservation(request), self.services.offload, self.services.config.limits,
+                         "the request body")
         with Translating(ctx.record, "decode"):
-            return codec.decode_call(body), ctx
+            return await self.services.offload.run(len(body), codec.decode_call, body), ctx
 
     async def info(self, request: web.Request) -> web.Response:
         ctx = request_context(request, self.listener.name, PROTOCOL)
