@@ -16,6 +16,7 @@ Recording methods other modules call (names are the contract):
   ``record_ejection(upstream, endpoint)``,
   ``set_endpoint_health(upstream, endpoint, healthy)``,
   ``record_reload(success)``, ``observe_translation(side, protocol, stage, seconds)``,
+  ``record_access_log_dropped(lines)``, ``record_log_records_dropped(records)``.
 
 Several worker processes (``gateway serve --workers N``) share one directory
 of memory-mapped files (prometheus-client's multiprocess mode); ``render``
@@ -195,6 +196,12 @@ class GatewayMetrics:
         self.worker_restarts = Counter(
             "gateway_worker_restarts", "Worker processes restarted by the supervisor after they exited "
             "unexpectedly (counted by each restarted worker).", registry=r)
+        self.access_log_dropped = Counter(
+            "gateway_access_log_dropped", "Access-log lines dropped because the destination did not take "
+            "them (the writer's queue was full) or a write failed.", registry=r)
+        self.log_records_dropped = Counter(
+            "gateway_log_records_dropped", "Diagnostic log records (stderr) dropped because stderr did not "
+            "take them.", registry=r)
 
         self.build_info.labels(version, platform.python_version()).set(1)
         self.worker_processes.set(1)
@@ -314,6 +321,14 @@ class GatewayMetrics:
 
     def record_worker_restart(self) -> None:
         self.worker_restarts.inc()
+
+    # --- the process itself (any thread) -------------------------------------------
+
+    def record_access_log_dropped(self, lines: int) -> None:
+        self.access_log_dropped.inc(lines)
+
+    def record_log_records_dropped(self, records: int) -> None:
+        self.log_records_dropped.inc(records)
 
     def record_reload(self, success: bool, now: float | None = None) -> None:
         self.reloads.labels("success" if success else "failure").inc()

@@ -105,10 +105,12 @@ class Gateway:
         self.config = config
         self.config_path = config_path
         version = config.server.version or __version__
+        metrics = build_metrics(config, version, registry, multiprocess_dir)
         self.services = GatewayServices(
             config, ServerIdentity(config.server.name, version, config.server.extensions),
-            metrics=build_metrics(config, version, registry, multiprocess_dir),
-            access_log=AccessLog.open(config.observability.access_log, worker),
+            metrics=metrics,
+            access_log=AccessLog.open(config.observability.access_log, worker,
+                                      on_drop=metrics.record_access_log_dropped),
             reuse_port=worker is not None, worker=worker,
             tracing=Tracing(config.observability.tracing, version, worker)
             if config.observability.tracing.enabled else None,
@@ -172,7 +174,7 @@ class Gateway:
             await self._admin.cleanup()
             self._admin = None
         await self.dataplane.close()
-        self.services.access_log.close()
+        self.services.access_log.close()  # bounded: a stuck sink never holds up the exit
         if self.services.tracing is not None:
             self.services.tracing.close()
         self._stopped.set()
@@ -259,9 +261,15 @@ class Gateway:
 
     # --- signals -------------------------------------------------------------------
 
+    def reopen_logs(self) -> None:
+        """SIGUSR1 (logrotate): the access log reopens its file by path."""
+        log.info("SIGUSR1: reopening the access log")
+        self.services.access_log.reopen()
+
     async def run_until_signalled(self) -> None:
         """SIGTERM: drain as configured; SIGINT: drain without the delay
-        (someone at a terminal); SIGHUP: reload. Returns once stopped."""
+        (someone at a terminal); SIGHUP: reload; SIGUSR1: reopen the access
+        log file. Returns once stopped."""
         loop = asyncio.get_running_loop()
         stop_requested = asyncio.Event()
         delays: list[float | None] = []
@@ -280,9 +288,10 @@ class Gateway:
             task.add_done_callback(reloads.discard)
 
         loop.add_signal_handler(signal.SIGHUP, on_reload)
+        loop.add_signal_handler(signal.SIGUSR1, self.reopen_logs)
         try:
             await stop_requested.wait()
             await self.drain(delays[0])
         finally:
-            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1):
                 loop.remove_signal_handler(sig)
