@@ -23,6 +23,7 @@ from gateway.config import GatewayConfig, ServerIdentity, load_config
 from gateway.confignode import ConfigError
 from gateway.counters import Counters
 from gateway.extensions.statistics import StatisticsStore
+from gateway.looplag import LoopLagMonitor
 from gateway.metrics import GatewayMetrics
 from gateway.protocols import registry
 from gateway.protocols.base import Frontend
@@ -123,6 +124,7 @@ class Gateway:
         self._stopped = asyncio.Event()
         self._reload_lock = asyncio.Lock()
         self._watcher: asyncio.Task[None] | None = None
+        self._loop_lag = LoopLagMonitor(metrics.observe_loop_lag)
 
     @property
     def ports(self) -> dict[str, int]:
@@ -132,6 +134,7 @@ class Gateway:
         return ports
 
     async def start(self) -> None:
+        self._loop_lag.start()
         await self.dataplane.start()
         for listener in self.config.listeners:
             frontend_class = registry.load(listener.protocol, "frontend")
@@ -174,6 +177,7 @@ class Gateway:
             await self._admin.cleanup()
             self._admin = None
         await self.dataplane.close()
+        await self._loop_lag.stop()
         self.services.access_log.close()  # bounded: a stuck sink never holds up the exit
         if self.services.tracing is not None:
             self.services.tracing.close()

@@ -1,9 +1,10 @@
 """Logs never block serving (issue 15): a stuck access-log or stderr sink
 costs dropped, counted lines; SIGUSR1 reopens the access-log file
-(logrotate)."""
+(logrotate); the event loop's lag is measured on /metrics."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -21,6 +22,7 @@ import requests
 
 from gateway import logwriter
 from gateway.logwriter import LineWriter, StderrHandler
+from gateway.looplag import LoopLagMonitor
 from support import (
     BUILTIN_REST_CONFIG,
     JSON_ACCESS_LOG_CONFIG,
@@ -99,7 +101,7 @@ def test_access_log_on_a_stuck_stdout_never_blocks_serving(tmp_path: Path) -> No
         proc.stdout.close()
 
 
-# --- SIGUSR1 reopens the access-log file ---------------------------
+# --- SIGUSR1 reopens the access-log file; loop lag on /metrics ---------------------------
 
 
 class FileLogGateway:
@@ -107,6 +109,7 @@ class FileLogGateway:
         self.process = process
         self.access_log = access_log
         self.workers = workers
+        self.started = time.monotonic()
         self.sent = 0
 
     def request(self, request_id: str) -> None:
@@ -156,7 +159,16 @@ def test_sigusr1_reopens_the_access_log_file(file_gateway: FileLogGateway) -> No
     assert all(str(line["request_id"]).startswith("after-") for line in new)
     # every request is in one file or the other: none lost to the rotation
     wait_for(lambda: len(gw.lines(rotated)) + len(gw.lines()) == gw.sent, 5, "every line written")
-    assert "reopened" in gw.process.log()
+    wait_for(lambda: gw.process.log().count("writer: reopened") == gw.workers, 5, "every reopen logged")
+
+
+def test_event_loop_lag_histogram_on_metrics(file_gateway: FileLogGateway) -> None:
+    time.sleep(max(0.0, 1.0 - (time.monotonic() - file_gateway.started)))
+    samples = scrape_metrics(file_gateway.process)
+    assert metric_value(samples, "gateway_event_loop_lag_seconds_count") > 0
+    buckets = {labels["le"] for name, labels, _ in samples if name == "gateway_event_loop_lag_seconds_bucket"}
+    assert {"0.001", "0.05", "1.0", "10.0", "+Inf"} <= buckets
+    assert metric_value(samples, "gateway_access_log_dropped_total") == 0
 
 
 # --- the pieces --------------------------------------------------------------------------
@@ -248,3 +260,17 @@ def test_stderr_log_handler_never_blocks_on_a_stuck_stderr() -> None:
         logger.removeHandler(handler)
         os.close(read_end)
         os.close(write_end)
+
+
+async def test_loop_lag_monitor_sees_a_blocked_loop_and_stops() -> None:
+    observed: list[float] = []
+    monitor = LoopLagMonitor(observed.append, interval=0.05)
+    monitor.start()
+    await asyncio.sleep(0.01)  # the monitor is asleep now
+    time.sleep(0.3)  # hold the loop, as a synchronous step of a request would
+    await asyncio.sleep(0.1)
+    assert max(observed) >= 0.2
+    await monitor.stop()
+    count = len(observed)
+    await asyncio.sleep(0.15)
+    assert len(observed) == count  # stopped: no more samples
