@@ -1,31 +1,38 @@
 """One access-log line per request, plain (key=value) or JSON.
 
-Lines are written with a single ``os.write`` on a file descriptor, so
-several worker processes sharing stdout never interleave inside a line (a
-pipe write of up to PIPE_BUF bytes is atomic). Only bounded identifiers from
-the :class:`~gateway.observe.RequestRecord` are written: never tensor data,
-never header values other than the request id and trace id.
+Lines are formatted on the event loop and written by a
+:class:`~gateway.logwriter.LineWriter` thread: a sink that does not take
+them (a pipe nobody reads) costs dropped, counted lines, never serving. Each
+``write(2)`` carries whole lines, at most PIPE_BUF bytes, so several worker
+processes sharing stdout never interleave inside a line. Only bounded
+identifiers from the :class:`~gateway.observe.RequestRecord` are written:
+never tensor data, never header values other than the request id and trace
+id.
 """
 
 from __future__ import annotations
 
-import logging
 import os
 import re
 import time
+from collections.abc import Callable
 from typing import Any
 
 import orjson
 
 from gateway.config import AccessLogConfig
+from gateway.logwriter import LineWriter
 from gateway.observe import RequestRecord, trace_id
 from gateway.types import RequestContext
-
-log = logging.getLogger(__name__)
 
 # Longest error text and path a line carries.
 MAX_ERROR_CHARS = 300
 MAX_PATH_CHARS = 256
+# Lines waiting for the sink: past this, new lines are dropped (counted).
+# About 1,200 typical lines; a sink that keeps up never lets it fill.
+MAX_QUEUED_BYTES = 512 * 1024
+# Seconds a stopping gateway waits for the sink to take the queued lines.
+CLOSE_TIMEOUT = 2.0
 _SAFE_PLAIN = re.compile(r"[A-Za-z0-9._:/@\[\]#*+,%-]+")
 
 
@@ -62,28 +69,40 @@ class _Clock:
 
 
 class AccessLog:
-    """Writes access-log lines to a file descriptor it may own."""
+    """Writes access-log lines to a file descriptor (through a writer thread).
 
-    def __init__(self, fd: int | None, fmt: str = "plain", worker: int | None = None, owns_fd: bool = False) -> None:
+    ``path``: the file ``fd`` was opened from, reopened by :meth:`reopen`.
+    ``on_drop(n)``: called for every ``n`` lines lost (queue full, failed
+    write), from the event loop or the writer thread.
+    """
+
+    def __init__(self, fd: int | None, fmt: str = "plain", worker: int | None = None, owns_fd: bool = False,
+                 path: str | None = None, on_drop: Callable[[int], None] | None = None) -> None:
         self.fd = fd
         self.format = fmt
         self.worker = worker
-        self._owns_fd = owns_fd
         self._clock = _Clock()
-        self.dropped = 0  # lines lost to write errors (a full disk must not fail requests)
+        self._writer = None if fd is None else LineWriter(
+            fd, path=path, owns_fd=owns_fd, max_bytes=MAX_QUEUED_BYTES, name="access log writer", on_drop=on_drop)
 
     @classmethod
-    def open(cls, config: AccessLogConfig, worker: int | None = None) -> AccessLog:
+    def open(cls, config: AccessLogConfig, worker: int | None = None,
+             on_drop: Callable[[int], None] | None = None) -> AccessLog:
         if not config.enabled:
             return cls(None)
         if config.destination in ("stdout", "stderr"):
-            return cls(1 if config.destination == "stdout" else 2, config.format, worker)
+            return cls(1 if config.destination == "stdout" else 2, config.format, worker, on_drop=on_drop)
         fd = os.open(config.destination, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        return cls(fd, config.format, worker, owns_fd=True)
+        return cls(fd, config.format, worker, owns_fd=True, path=config.destination, on_drop=on_drop)
 
     @property
     def enabled(self) -> bool:
         return self.fd is not None
+
+    @property
+    def dropped(self) -> int:
+        """Lines lost: the queue was full (a stuck sink) or a write failed."""
+        return self._writer.dropped if self._writer is not None else 0
 
     def fields(self, ctx: RequestContext, duration: float, now: float) -> dict[str, Any]:
         r: RequestRecord = ctx.record
@@ -127,17 +146,20 @@ class AccessLog:
         return _plain(fields)
 
     def write(self, ctx: RequestContext, duration: float) -> None:
-        if self.fd is None:
+        """Queue the request's line; never waits for the sink."""
+        if self._writer is None or self.fd is None:
             return
-        line = self.format_line(ctx, duration, time.time())
-        try:
-            os.write(self.fd, line)
-        except OSError as exc:
-            self.dropped += 1
-            if self.dropped == 1:
-                log.warning("access log write failed (%s); counting dropped lines", exc)
+        self._writer.put(self.format_line(ctx, duration, time.time()))
 
-    def close(self) -> None:
-        if self._owns_fd and self.fd is not None:
-            os.close(self.fd)
+    def reopen(self) -> None:
+        """Reopen a file destination by its path (SIGUSR1, after logrotate
+        moved the file); done by the writer thread. Nothing for stdout/stderr."""
+        if self._writer is not None:
+            self._writer.reopen()
+
+    def close(self, timeout: float = CLOSE_TIMEOUT) -> None:
+        """Write the queued lines, waiting at most ``timeout`` seconds for
+        the sink; lines it does not take by then are dropped (counted)."""
+        if self._writer is not None:
+            self._writer.close(timeout)
         self.fd = None

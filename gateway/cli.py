@@ -16,6 +16,9 @@ from pathlib import Path
 from gateway import __version__
 from gateway.config import GatewayConfig, load_config
 from gateway.confignode import ConfigError
+from gateway.logwriter import StderrHandler, install_stderr_logging
+
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -76,10 +79,16 @@ async def _serve(config: GatewayConfig, config_path: str | None, port_file: Path
         raise SystemExit(f"gateway: cannot start: {exc}") from None
     if restarted:
         gateway.services.metrics.record_worker_restart()
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, StderrHandler):
+            handler.count_drops_with(gateway.services.metrics.record_log_records_dropped)
     loop = asyncio.get_running_loop()
-    # Until run_until_signalled installs the reload handler, a SIGHUP (a
-    # supervisor forwards them) must not kill a starting process.
-    loop.add_signal_handler(signal.SIGHUP, logging.getLogger(__name__).info, "SIGHUP while starting: ignored")
+    # Until run_until_signalled installs their handlers, a SIGHUP or SIGUSR1
+    # (a supervisor forwards them, logrotate sends one) must not kill a
+    # starting process.
+    for sig in (signal.SIGHUP, signal.SIGUSR1):
+        loop.add_signal_handler(sig, logging.getLogger(__name__).info, "%s while starting: ignored",
+                                signal.Signals(sig).name)
     watcher = loop.create_task(_watch_parent(os.getppid())) if worker is not None else None
     try:
         await gateway.start()
@@ -105,8 +114,9 @@ def _install_uvloop() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # Written to stderr by a thread through a bounded queue: a stuck stderr
+    # drops (and counts) records instead of blocking the event loop.
+    install_stderr_logging(args.log_level.upper(), LOG_FORMAT)
     config = _load(args.config)
     if config is None:
         return 1

@@ -16,6 +16,8 @@ Recording methods other modules call (names are the contract):
   ``record_ejection(upstream, endpoint)``,
   ``set_endpoint_health(upstream, endpoint, healthy)``,
   ``record_reload(success)``, ``observe_translation(side, protocol, stage, seconds)``,
+  ``record_access_log_dropped(lines)``, ``record_log_records_dropped(records)``,
+  ``observe_loop_lag(seconds)``.
 
 Several worker processes (``gateway serve --workers N``) share one directory
 of memory-mapped files (prometheus-client's multiprocess mode); ``render``
@@ -55,6 +57,9 @@ LATENCY_BUCKETS = (0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05
 TRANSLATION_BUCKETS = (0.00001, 0.00002, 0.00005, *LATENCY_BUCKETS[:-3])
 # 64 B .. 1 GiB in powers of four.
 SIZE_BUCKETS = tuple(float(64 * 4**i) for i in range(13))
+# 1 ms .. 10 s: a healthy loop wakes within a millisecond or two; beyond tens
+# of milliseconds something held it.
+LOOP_LAG_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
 
 NO_MODEL = ""  # requests that name no model (health, server metadata)
 OTHER_MODEL = "__other__"  # a new name after the cardinality cap was hit
@@ -202,6 +207,15 @@ class GatewayMetrics:
         self.worker_restarts = Counter(
             "gateway_worker_restarts", "Worker processes restarted by the supervisor after they exited "
             "unexpectedly (counted by each restarted worker).", registry=r)
+        self.access_log_dropped = Counter(
+            "gateway_access_log_dropped", "Access-log lines dropped because the destination did not take "
+            "them (the writer's queue was full) or a write failed.", registry=r)
+        self.log_records_dropped = Counter(
+            "gateway_log_records_dropped", "Diagnostic log records (stderr) dropped because stderr did not "
+            "take them.", registry=r)
+        self.event_loop_lag = Histogram(
+            "gateway_event_loop_lag_seconds", "How much later than due the event loop ran a timer "
+            "(sampled every 50 ms): the time something held the loop.", buckets=LOOP_LAG_BUCKETS, registry=r)
 
         self.build_info.labels(version, platform.python_version()).set(1)
         self.worker_processes.set(1)
@@ -321,6 +335,17 @@ class GatewayMetrics:
 
     def record_worker_restart(self) -> None:
         self.worker_restarts.inc()
+
+    # --- the process itself (any thread) -------------------------------------------
+
+    def record_access_log_dropped(self, lines: int) -> None:
+        self.access_log_dropped.inc(lines)
+
+    def record_log_records_dropped(self, records: int) -> None:
+        self.log_records_dropped.inc(records)
+
+    def observe_loop_lag(self, seconds: float) -> None:
+        self.event_loop_lag.observe(seconds)
 
     def record_reload(self, success: bool, now: float | None = None) -> None:
         self.reloads.labels("success" if success else "failure").inc()

@@ -24,6 +24,7 @@ from gateway.config import GatewayConfig, ServerIdentity, load_config
 from gateway.confignode import ConfigError
 from gateway.counters import Counters
 from gateway.extensions.statistics import StatisticsStore
+from gateway.looplag import LoopLagMonitor
 from gateway.metrics import GatewayMetrics
 from gateway.offload import Offloader
 from gateway.protocols import registry
@@ -114,7 +115,8 @@ class Gateway:
         self.services = GatewayServices(
             config, ServerIdentity(config.server.name, version, config.server.extensions),
             metrics=metrics,
-            access_log=AccessLog.open(config.observability.access_log, worker),
+            access_log=AccessLog.open(config.observability.access_log, worker,
+                                      on_drop=metrics.record_access_log_dropped),
             reuse_port=worker is not None, worker=worker,
             tracing=Tracing(config.observability.tracing, version, worker)
             if config.observability.tracing.enabled else None,
@@ -129,6 +131,7 @@ class Gateway:
         self._stopped = asyncio.Event()
         self._reload_lock = asyncio.Lock()
         self._watcher: asyncio.Task[None] | None = None
+        self._loop_lag = LoopLagMonitor(metrics.observe_loop_lag)
 
     @property
     def ports(self) -> dict[str, int]:
@@ -138,6 +141,7 @@ class Gateway:
         return ports
 
     async def start(self) -> None:
+        self._loop_lag.start()
         await self.dataplane.start()
         for listener in self.config.listeners:
             frontend_class = registry.load(listener.protocol, "frontend")
@@ -180,7 +184,8 @@ class Gateway:
             await self._admin.cleanup()
             self._admin = None
         await self.dataplane.close()
-        self.services.access_log.close()
+        await self._loop_lag.stop()
+        self.services.access_log.close()  # bounded: a stuck sink never holds up the exit
         self.services.offload.close()
         if self.services.tracing is not None:
             self.services.tracing.close()
@@ -268,9 +273,15 @@ class Gateway:
 
     # --- signals -------------------------------------------------------------------
 
+    def reopen_logs(self) -> None:
+        """SIGUSR1 (logrotate): the access log reopens its file by path."""
+        log.info("SIGUSR1: reopening the access log")
+        self.services.access_log.reopen()
+
     async def run_until_signalled(self) -> None:
         """SIGTERM: drain as configured; SIGINT: drain without the delay
-        (someone at a terminal); SIGHUP: reload. Returns once stopped."""
+        (someone at a terminal); SIGHUP: reload; SIGUSR1: reopen the access
+        log file. Returns once stopped."""
         loop = asyncio.get_running_loop()
         stop_requested = asyncio.Event()
         delays: list[float | None] = []
@@ -289,9 +300,10 @@ class Gateway:
             task.add_done_callback(reloads.discard)
 
         loop.add_signal_handler(signal.SIGHUP, on_reload)
+        loop.add_signal_handler(signal.SIGUSR1, self.reopen_logs)
         try:
             await stop_requested.wait()
             await self.drain(delays[0])
         finally:
-            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1):
                 loop.remove_signal_handler(sig)

@@ -12,8 +12,9 @@ spreads connections over the workers. The supervisor
   the sum over all of them, and removes it on exit;
 - restarts a worker that exits unexpectedly, with exponential backoff, while
   the others keep serving;
-- forwards SIGTERM/SIGINT (stop, each worker drains) and SIGHUP (reload) to
-  the workers, and stops them with SIGKILL if they outlast the stop timeout.
+- forwards SIGTERM/SIGINT (stop, each worker drains), SIGHUP (reload) and
+  SIGUSR1 (reopen the access log file) to the workers, and stops them with
+  SIGKILL if they outlast the stop timeout.
 
 It imports no metrics code: each restarted worker counts its own restart.
 """
@@ -113,6 +114,7 @@ class Supervisor:
         self._reserved: list[socket.socket] = []
         self._stop_signal: int | None = None
         self._hangups = 0
+        self._reopens = 0
         self._run_dir = Path()
 
     # --- signals ---------------------------------------------------------------
@@ -122,6 +124,9 @@ class Supervisor:
 
     def _on_hangup(self, signum: int, frame: FrameType | None) -> None:
         self._hangups += 1
+
+    def _on_reopen(self, signum: int, frame: FrameType | None) -> None:
+        self._reopens += 1
 
     def _signal_all(self, signum: int) -> None:
         for worker in self.workers:
@@ -200,12 +205,16 @@ class Supervisor:
             tmp.replace(self.port_file)
 
     def _supervise(self) -> None:
-        hangups = 0
+        hangups = reopens = 0
         while self._stop_signal is None:
             if self._hangups != hangups:
                 hangups = self._hangups
                 log.info("SIGHUP: forwarding to the workers")
                 self._signal_all(signal.SIGHUP)
+            if self._reopens != reopens:
+                reopens = self._reopens
+                log.info("SIGUSR1: forwarding to the workers")
+                self._signal_all(signal.SIGUSR1)
             now = time.monotonic()
             for worker in self.workers:
                 if worker.proc is not None and worker.proc.poll() is not None:
@@ -231,6 +240,7 @@ class Supervisor:
         previous: dict[int, Any] = {
             sig: signal.signal(sig, self._on_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
         previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, self._on_hangup)
+        previous[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, self._on_reopen)
         self._run_dir = Path(tempfile.mkdtemp(prefix="gateway-run-"))
         (self._run_dir / "metrics").mkdir()
         try:

@@ -1,0 +1,260 @@
+"""Lines written to a file descriptor by one thread, never by the caller.
+
+A blocking ``write(2)`` on the event loop stops every listener while the sink
+is stuck (a pipe nobody reads, a frozen disk). :class:`LineWriter` takes
+lines into a bounded queue and returns at once; its thread writes them. When
+the queue is full the new line is dropped and counted, so a stuck sink costs
+log lines, never serving. The access log and the stderr log handler of
+``gateway serve`` both write through one.
+
+Every ``write(2)`` carries whole lines only and at most ``PIPE_BUF`` bytes
+(one line longer than that goes alone), so several processes sharing a pipe
+never interleave inside a line.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import select
+import threading
+import time
+from collections.abc import Callable
+
+# A line's queue cost beyond its bytes (the bytes object and the deque slot),
+# so many short lines cannot hold much more memory than the byte bound says.
+LINE_OVERHEAD = 64
+# Wait this long for a non-blocking descriptor to take bytes, then look again
+# whether the writer was abandoned.
+WRITABLE_POLL = 0.5
+# Seconds between two warnings that lines are being dropped.
+WARN_INTERVAL = 60.0
+
+log = logging.getLogger(__name__)
+
+
+class LineWriter:
+    """A bounded queue of lines and the thread that writes them to ``fd``.
+
+    ``path``: the file ``fd`` was opened from, reopened by :meth:`reopen`
+    (log rotation); ``None`` for stdout and stderr. ``on_drop(n)`` is called
+    (from any thread) for every ``n`` lines lost, to a full queue or a failed
+    write. ``warn``: log (rate-limited) when lines are lost; off for the
+    writer that carries the log itself.
+    """
+
+    def __init__(self, fd: int, *, path: str | None = None, owns_fd: bool = False, max_bytes: int,
+                 name: str = "line writer", on_drop: Callable[[int], None] | None = None,
+                 warn: bool = True) -> None:
+        self.fd = fd
+        self.path = path
+        self.name = name
+        self.max_bytes = max_bytes
+        self.on_drop = on_drop
+        self.dropped = 0  # lines lost: queue full or write failed
+        self._owns_fd = owns_fd
+        self._warn = warn
+        self._warned_at: float | None = None
+        self._dropped_at_warning = 0
+        self._lines: collections.deque[bytes] = collections.deque()
+        self._queued_bytes = 0
+        self._unwritten = 0  # lines queued or being written
+        self._cond = threading.Condition(threading.Lock())
+        self._idle = False  # the thread waits for lines: put() wakes it
+        self._closing = False  # no more lines; write what is queued, then end
+        self._abandoned = False  # close() gave up on the sink: end without writing
+        self._reopen = False
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    # --- caller side (any thread; never blocks on the sink) -----------------------
+
+    def put(self, line: bytes) -> bool:
+        """Queue ``line``; False (and counted) if the queue is full or closed."""
+        cost = len(line) + LINE_OVERHEAD
+        with self._cond:
+            if self._closing or self._queued_bytes + cost > self.max_bytes:
+                accepted = False
+            else:
+                accepted = True
+                self._lines.append(line)
+                self._queued_bytes += cost
+                self._unwritten += 1
+                if self._idle:
+                    self._idle = False
+                    self._cond.notify()
+        if not accepted:
+            self._count_dropped(1, "the queue is full: the sink does not keep up")
+        return accepted
+
+    def reopen(self) -> None:
+        """Ask the thread to reopen ``path`` (after a rotation moved the file)."""
+        if self.path is None:
+            return
+        with self._cond:
+            self._reopen = True
+            self._cond.notify()
+
+    def close(self, timeout: float) -> bool:
+        """Write what is queued, for at most ``timeout`` seconds, and stop.
+        False if the sink did not take it all in time: the rest is dropped
+        and counted, and the thread is left blocked (it is a daemon)."""
+        with self._cond:
+            if self._closing:
+                return not self._abandoned
+            self._closing = True
+            self._cond.notify()
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            with self._cond:
+                self._abandoned = True
+                lost = len(self._lines)
+                self._lines.clear()
+                self._queued_bytes = 0
+                self._unwritten -= lost
+            self._count_dropped(lost, f"the sink did not take them within {timeout:g}s of closing")
+            return False
+        if self._owns_fd:
+            os.close(self.fd)
+        return True
+
+    @property
+    def unwritten(self) -> int:
+        """Lines queued or being written."""
+        return self._unwritten
+
+    def _count_dropped(self, lines: int, why: str) -> None:
+        if lines <= 0:
+            return
+        with self._cond:
+            self.dropped += lines
+            now = time.monotonic()
+            warn = self._warn and (self._warned_at is None or now - self._warned_at >= WARN_INTERVAL)
+            if warn:
+                self._warned_at, since, self._dropped_at_warning = now, self._dropped_at_warning, self.dropped
+        if warn:
+            log.warning("%s: dropping lines, %s (%d dropped since the last warning, %d in all)",
+                        self.name, why, self.dropped - since, self.dropped)
+        hook = self.on_drop
+        if hook is not None:
+            try:
+                hook(lines)
+            except Exception:  # a metrics hook must never fail the caller
+                pass
+
+    # --- the writer thread ------------------------------------------------------------
+
+    def _next_batch(self) -> tuple[bytes, int] | None:
+        """Whole lines up to PIPE_BUF bytes (at least one line); None to stop."""
+        with self._cond:
+            while not self._lines and not self._reopen and not self._closing:
+                self._idle = True
+                self._cond.wait()
+            self._idle = False
+            if self._reopen:
+                self._reopen = False
+                return b"", 0
+            if not self._lines or self._abandoned:
+                return None
+            parts = [self._lines.popleft()]
+            size = len(parts[0])
+            while self._lines and size + len(self._lines[0]) <= select.PIPE_BUF:
+                line = self._lines.popleft()
+                parts.append(line)
+                size += len(line)
+            self._queued_bytes -= size + LINE_OVERHEAD * len(parts)
+            return b"".join(parts), len(parts)
+
+    def _run(self) -> None:
+        while (batch := self._next_batch()) is not None:
+            data, lines = batch
+            if not lines:
+                self._reopen_path()
+                continue
+            try:
+                self._write_all(data)
+            except OSError as exc:  # a full disk, a closed pipe: the lines go, serving goes on
+                self._count_dropped(lines, f"write failed: {exc}")
+            finally:
+                with self._cond:
+                    self._unwritten -= lines
+
+    def _write_all(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            try:
+                written = os.write(self.fd, view)
+            except BlockingIOError:  # someone made the descriptor non-blocking
+                if self._abandoned:
+                    raise
+                select.select([], [self.fd], [], WRITABLE_POLL)
+                continue
+            view = view[written:]
+
+    def _reopen_path(self) -> None:
+        assert self.path is not None
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        except OSError as exc:
+            log.error("%s: cannot reopen %s, writing on to the old file: %s", self.name, self.path, exc)
+            return
+        old, self.fd = self.fd, fd
+        if self._owns_fd:
+            os.close(old)
+        self._owns_fd = True
+        log.info("%s: reopened %s", self.name, self.path)
+
+
+class StderrHandler(logging.Handler):
+    """A logging handler that never blocks the thread that logs: records are
+    formatted by the caller and written to fd 2 by a :class:`LineWriter`
+    (what ``logging.handlers.QueueHandler`` with a bounded queue would do,
+    minus its traceback on every drop). Lost records are counted in
+    ``writer.dropped`` and reported to the hook of :meth:`count_drops_with`."""
+
+    FLUSH_TIMEOUT = 1.0  # at exit, seconds for a stuck stderr to take the last records
+    MAX_QUEUED_BYTES = 256 * 1024
+
+    def __init__(self, fd: int = 2) -> None:
+        super().__init__()
+        self._stuck = False  # a flush ran out of time: closing need not wait again
+        self.writer = LineWriter(fd, max_bytes=self.MAX_QUEUED_BYTES, name="stderr log writer", warn=False)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            text = self.format(record)
+        except Exception:
+            self.handleError(record)
+            return
+        self.writer.put((text + "\n").encode("utf-8", "backslashreplace"))
+
+    def count_drops_with(self, hook: Callable[[int], None]) -> None:
+        """Report lost records to ``hook(n)`` from now on, and those lost so far."""
+        self.writer.on_drop = hook
+        if self.writer.dropped:
+            hook(self.writer.dropped)
+
+    def flush(self) -> None:
+        """Wait (bounded) for the queue to empty: a process about to exit
+        writes its last words when stderr takes them."""
+        deadline = time.monotonic() + self.FLUSH_TIMEOUT
+        while self.writer.unwritten and not self._stuck:
+            if time.monotonic() >= deadline:
+                self._stuck = True
+            time.sleep(0.005)
+
+    def close(self) -> None:
+        self.writer.close(0.0 if self._stuck else self.FLUSH_TIMEOUT)
+        super().close()
+
+
+def install_stderr_logging(level: str, fmt: str) -> StderrHandler | None:
+    """Log to stderr through a :class:`StderrHandler`, unless the root logger
+    already has handlers (as ``logging.basicConfig`` would)."""
+    if logging.root.handlers:
+        return None
+    handler = StderrHandler()
+    handler.setFormatter(logging.Formatter(fmt))
+    logging.basicConfig(level=level, handlers=[handler])
+    return handler
