@@ -20,6 +20,7 @@ from gateway.auth import Authenticator, CredentialConfig
 from gateway.config import Address, AdminConfig
 from gateway.configview import effective_config
 from gateway.errors import GatewayError
+from gateway.httpserver import accepted_coding
 from gateway.metrics import render_settled
 from gateway.types import RequestContext
 
@@ -89,7 +90,7 @@ async def metrics(request: web.Request) -> web.Response:
     body, content_type = await render_settled(gateway.services.metrics,  # type: ignore[attr-defined]
                                               request.headers.get("Accept", ""))
     response = web.Response(body=body, headers={"Content-Type": content_type})
-    if "gzip" in request.headers.get("Accept-Encoding", "").lower():
+    if accepted_coding(request.headers.get("Accept-Encoding", ""), ("gzip",)) == "gzip":
         response.enable_compression(web.ContentCoding.gzip)
     return response
 

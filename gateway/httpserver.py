@@ -72,6 +72,34 @@ def decompress(body: bytes | bytearray, encoding: str, limit: int) -> bytearray:
     return out
 
 
+def accepted_coding(accept_encoding: str, offered: tuple[str, ...] = ("gzip", "deflate")) -> str | None:
+    """The content coding of ``offered`` the client prefers by its
+    Accept-Encoding (RFC 9110 §12.5.3): q-values count, ``q=0`` refuses a
+    coding, ``*`` stands for any coding not named; None for identity. Ties
+    go to the earlier of ``offered``."""
+    weights: dict[str, float] = {}
+    for item in accept_encoding.lower().split(","):
+        name, _, params = item.partition(";")
+        name = name.strip()
+        if not name:
+            continue
+        weight = 1.0
+        for param in params.split(";"):
+            key, _, value = param.strip().partition("=")
+            if key == "q":
+                try:
+                    weight = min(max(float(value), 0.0), 1.0)
+                except ValueError:
+                    weight = 0.0  # a q-value that cannot be read accepts nothing
+        weights[name] = weight
+    best, best_weight = None, 0.0
+    for coding in offered:
+        weight = weights.get(coding, weights.get("*", 0.0))
+        if weight > best_weight:
+            best, best_weight = coding, weight
+    return best
+
+
 class HttpStatusError(GatewayError):
     """A failure whose HTTP status is not its kind's (408, 431); protocols
     without HTTP statuses of their own encode it by its kind."""

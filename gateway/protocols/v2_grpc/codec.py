@@ -11,7 +11,7 @@ typed ``contents``. One message must not mix the two forms.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
@@ -283,13 +283,15 @@ def _serialize(message: Any, raw_field: str, raw: list[Any]) -> bytes:
 # --- frontend: client requests in, our answers out -------------------------------
 
 
-def decode_infer_request(data: bytes | memoryview, max_elements: int, limits: Limits | None = None) -> InferRequest:
+def decode_infer_request(data: bytes | memoryview, max_elements: int, limits: Limits | None = None,
+                         charge: Callable[[int], None] | None = None) -> InferRequest:
     """A serialized ModelInferRequest; raw inputs stay views into ``data``.
-    ``limits`` (the gateway's) adds the request-wide tensor budget."""
+    ``limits`` (the gateway's) adds the request-wide tensor budget;
+    ``charge`` takes what decoding will allocate beyond the message."""
     message, raw = _parse(data, pb.ModelInferRequest, "raw_input_contents")
     if not message.model_name:
         raise malformed("the request has no model_name")
-    budget = TensorBudget.of(limits) if limits is not None else None
+    budget = TensorBudget.of(limits, charge) if limits is not None else None
     inputs = decode_tensors(message.inputs, raw, "input", max_elements, budget)
     outputs = [RequestedOutput(o.name, parameters_from_proto(o.parameters)) for o in message.outputs]
     return InferRequest(message.model_name, message.model_version, message.id, inputs, outputs,

@@ -13,6 +13,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -22,11 +23,13 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from gateway.auth import Authenticator
+from gateway.budget import Reservation
 from gateway.config import ListenerConfig
 from gateway.confignode import Node
 from gateway.errors import ErrorKind, GatewayError, malformed, unsupported
 from gateway.extensions import MODEL_CONFIGURATION, MODEL_REPOSITORY, STATISTICS
 from gateway.extensions.service import Extensions
+from gateway.limits import BYTES_ELEMENT_COST
 from gateway.observe import (
     OUTCOME_CANCELLED,
     PASSTHROUGH_RENAMED,
@@ -53,6 +56,8 @@ PROTOCOL = passthrough.PROTOCOL
 # RPCs whose handler parses the request bytes itself (raw tensors stay
 # zero-copy views; see rawwire).
 PARSED_BY_HANDLER = frozenset({"ModelInfer"})
+# What the call being handled holds of the memory budget (set by the handler).
+_RESERVATION: ContextVar[Reservation] = ContextVar("gateway_grpc_reservation")
 REQUEST_ID_KEY = "x-request-id"
 HEALTH_SERVICE = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
 # Answered without credentials when the listener has `auth`: liveness and
@@ -230,12 +235,16 @@ class V2GrpcFrontend(Frontend):
             in_flight.inc()
             self._active += 1
             failure: GatewayError
+            reservation = services.budget.reserve()
+            _RESERVATION.set(reservation)
             try:
                 if self._authenticator is not None and name not in PUBLIC_METHODS:
                     self._authenticator.check(ctx.headers)
                 if self._active > self._max_active:  # refused at once, never queued
                     raise GatewayError(ErrorKind.OVERLOADED, f"the listener is handling {self._max_active} "
                                        "requests, its limit (limits.max_concurrent_requests); retry later")
+                if isinstance(data, bytes):  # grpc has read it already: counted from here on
+                    reservation.grow(len(data))
                 if name in PARSED_BY_HANDLER:
                     message: Any = data
                 else:
@@ -257,6 +266,7 @@ class V2GrpcFrontend(Frontend):
                 log.exception("unhandled error in %s", name)
                 failure = GatewayError(ErrorKind.INTERNAL, "internal error")
             finally:
+                reservation.release()
                 in_flight.dec()
                 self._active -= 1
                 context.set_trailing_metadata(tuple(ctx.upstream_headers().items()))
@@ -321,7 +331,10 @@ class V2GrpcFrontend(Frontend):
     async def _ModelInfer(self, data: bytes, ctx: RequestContext) -> bytes:
         started = time.perf_counter()
         limits = self.services.config.limits
-        infer_request = codec.decode_infer_request(data, limits.max_tensor_elements, limits)
+        reservation = _RESERVATION.get()
+        offload = self.services.offload
+        infer_request = await offload.run(len(data), codec.decode_infer_request, data, limits.max_tensor_elements,
+                                          limits, reservation.grow)
         # A V2 gRPC upstream may get these very bytes (see passthrough).
         infer_request.raw = passthrough.request_payload(data, infer_request)
         self._adopt_message_id(ctx, infer_request.id)
@@ -331,7 +344,10 @@ class V2GrpcFrontend(Frontend):
         typed = self.options.output_contents == "typed"
         relayed = passthrough.reply_bytes(response, typed)
         if relayed is None:
-            reply = codec.encode_infer_response(response, typed=typed)
+            size = sum(t.data.size * BYTES_ELEMENT_COST if t.datatype == "BYTES" else t.data.nbytes
+                       for t in response.outputs)
+            reservation.grow(size)  # the message being built, charged before it is
+            reply = await offload.run(size, codec.encode_infer_response, response, typed=typed)
         else:
             reply, renamed = relayed
             ctx.record.passthrough = PASSTHROUGH_RENAMED if renamed else PASSTHROUGH_VERBATIM

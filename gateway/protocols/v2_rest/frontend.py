@@ -18,6 +18,7 @@ from gateway.extensions.service import Extensions
 from gateway.httpserver import (
     REQUEST_ID_HEADER,
     HttpFrontend,
+    accepted_coding,
     error_middleware,
     request_context,
 )
@@ -216,12 +217,8 @@ def _compression(request: web.Request, size: int) -> web.ContentCoding | None:
     and below MIN_COMPRESSED_BYTES compressing costs more than it saves."""
     if size < MIN_COMPRESSED_BYTES:
         return None
-    accepted = request.headers.get("Accept-Encoding", "").lower()
-    if "gzip" in accepted:
-        return web.ContentCoding.gzip
-    if "deflate" in accepted:
-        return web.ContentCoding.deflate
-    return None
+    coding = accepted_coding(request.headers.get("Accept-Encoding", ""))
+    return None if coding is None else web.ContentCoding(coding)
 
 
 async def _stream(request: web.Request, parts: list[Any], headers: dict[str, str], size: int) -> web.StreamResponse:
