@@ -59,14 +59,17 @@ def attack_body(kind: str, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
                 b'"datatype":"FP32","shape":[1],"data":[1.0]}]}')
         return body, {"Content-Type": "application/json"}
     if kind == MANY_BYTES:
-        # As many empty BYTES elements as the memory budget admits: each costs
-        # its 4-byte prefix on the wire and a Python object when decoded.
-        # identity answers them in JSON, charged like the request: half the budget each.
-        count = min((max_request_bytes - 1024) // 4, (max_inflight_bytes // 2 - (1 << 20)) // (4 + BYTES_ELEMENT_COST))
+        # As many BYTES elements as the memory budget admits: each costs its
+        # 4-byte prefix on the wire and a Python object when decoded, and
+        # identity answers them in JSON, charged like the request: half the
+        # budget each. Lengths 0 and 1 alternate: no uniform shortcut.
+        count = min((max_request_bytes - 1024) // 5,
+                    (max_inflight_bytes // 2 - (1 << 20)) // (5 + BYTES_ELEMENT_COST)) // 2 * 2
+        pair = b"\0\0\0\0" + b"\1\0\0\0x"
         head = orjson.dumps({"inputs": [{"name": "INPUT0", "datatype": "BYTES", "shape": [count],
-                                         "parameters": {"binary_data_size": count * 4}}]})
-        return head + bytes(count * 4), {"Content-Type": "application/octet-stream",
-                                         "Inference-Header-Content-Length": str(len(head))}
+                                         "parameters": {"binary_data_size": len(pair) * count // 2}}]})
+        return head + pair * (count // 2), {"Content-Type": "application/octet-stream",
+                                            "Inference-Header-Content-Length": str(len(head))}
     if kind == BIG_JSON:
         data = np.random.default_rng(0).random(1_000_000, dtype=np.float32)
         body = orjson.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1_000_000],
