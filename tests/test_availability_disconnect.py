@@ -1,0 +1,229 @@
+"""Issue 15, items 3, 4 and 8 (in part): a client that hangs up is let go,
+one hung upstream cannot starve the others on a listener, and client-facing
+errors name the upstream cluster, never an endpoint address.
+
+The gateway runs in its own process; the upstreams are stand-ins in this
+process (peers/hung_upstream.py) that never answer, or answer garbage, and
+record when the gateway gives up a call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import time
+import urllib.request
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import grpc
+import orjson
+import pytest
+from graphstorm_payloads import MOVIELENS_SCHEMA, TARGET_MODEL, movielens
+
+from gateway.protocols.v2_grpc import messages as pb
+from peers.hung_upstream import HungGrpcServer, HungHttpServer
+from support import GatewayProcess, free_port, metric_value, scrape_metrics, wait_for, write_config
+
+SLOTS = 4  # limits.max_concurrent_requests of the disconnect gateway
+ABANDONED = 10  # requests abandoned in a row: more than SLOTS, so a leaked slot shows
+GIVE_UP_S = 1.0  # the upstream call must end this soon after its client left
+
+IDENTITY_JSON = orjson.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [2], "data": [1.5, 2.5]}]})
+UMBRIDGE_FORWARD = orjson.dumps({"name": "forward", "input": [[1.0, 2.0], [3.0]]})
+
+
+def http_request(path: str, body: bytes, headers: dict[str, str] | None = None) -> bytes:
+    head = f"POST {path} HTTP/1.1\r\nHost: gateway\r\nContent-Type: application/json\r\n"
+    head += "".join(f"{name}: {value}\r\n" for name, value in (headers or {}).items())
+    return (head + f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+
+
+def grpc_identity(model: str = "identity") -> bytes:
+    request = pb.ModelInferRequest(model_name=model)
+    request.inputs.add(name="INPUT0", datatype="UINT8", shape=[3])
+    request.raw_input_contents.append(b"\1\2\3")
+    return request.SerializeToString()
+
+
+def grpc_call(channel: grpc.Channel) -> Any:
+    return channel.unary_unary(pb.method_path("ModelInfer"))
+
+
+def admin_json(gw: GatewayProcess, path: str) -> Any:
+    with urllib.request.urlopen(f"http://127.0.0.1:{gw.ports['admin']}{path}", timeout=10) as reply:
+        return json.loads(reply.read())
+
+
+def cluster_state(gw: GatewayProcess, name: str) -> dict[str, Any]:
+    return next(u for u in admin_json(gw, "/upstreams")["upstreams"] if u["name"] == name)
+
+
+def post(gw: GatewayProcess, listener: str, path: str, body: bytes, headers: dict[str, str] | None = None,
+         timeout: float = 10) -> tuple[int, bytes]:
+    request = urllib.request.Request(f"http://{gw.url(listener)}{path}", data=body, method="POST",
+                                     headers={"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as reply:
+            return reply.status, reply.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read()
+
+
+# --- 1. a client that hangs up is let go, on every frontend ----------------------------------------
+
+
+@dataclass
+class Hung:
+    http: dict[str, HungHttpServer]
+    grpc: HungGrpcServer
+
+
+@pytest.fixture(scope="module")
+def hung() -> Iterator[Hung]:
+    servers = Hung({name: HungHttpServer().start() for name in ("rest", "umb", "gs")}, HungGrpcServer().start())
+    yield servers
+    for server in servers.http.values():
+        server.stop()
+    servers.grpc.stop()
+
+
+@pytest.fixture(scope="module")
+def gateway(hung: Hung, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    directory = tmp_path_factory.mktemp("disconnect")
+    config = f"""
+admin: {{address: "127.0.0.1:0"}}
+limits: {{max_concurrent_requests: {SLOTS}}}
+listeners:
+  - {{name: rest, protocol: v2-rest, address: "127.0.0.1:0"}}
+  - {{name: grpc, protocol: v2-grpc, address: "127.0.0.1:0"}}
+  - {{name: umb, protocol: umbridge, address: "127.0.0.1:0"}}
+  - {{name: gs, protocol: graphstorm, address: "127.0.0.1:0"}}
+upstreams:
+  - {{name: local, protocol: builtin}}
+  - {{name: hung-rest, protocol: v2-rest, endpoints: ["{hung.http['rest'].address}"], binary: always}}
+  - {{name: hung-umb, protocol: umbridge, endpoints: ["{hung.http['umb'].address}"]}}
+  - {{name: hung-gs, protocol: graphstorm, endpoints: ["{hung.http['gs'].address}"]}}
+  - {{name: hung-grpc, protocol: v2-grpc, endpoints: ["{hung.grpc.address}"]}}
+routes:
+  - {{match: {{model: hung-rest}}, upstream: hung-rest}}
+  - {{match: {{model: hung-umb}}, upstream: hung-umb}}
+  - {{match: {{model: hung-gs}}, upstream: hung-gs}}
+  - {{match: {{model: hung-grpc}}, upstream: hung-grpc}}
+  - match: {{model: gnn, listener: gs}}
+    upstream: local
+    options: {{graphstorm: {{graph_schema: "{MOVIELENS_SCHEMA}"}}}}
+  - {{match: {{model: "*"}}, upstream: local}}
+"""
+    with GatewayProcess(write_config(directory, config), directory / "gateway.log") as gw:
+        yield gw
+
+
+@dataclass(frozen=True)
+class Case:
+    listener: str
+    upstream: str
+    request: bytes  # what the client sends before it hangs up (HTTP listeners)
+
+
+GNN_PAYLOAD = orjson.dumps(movielens())
+CASES = [
+    Case("rest", "hung-rest", http_request("/v2/models/hung-rest/infer", IDENTITY_JSON)),
+    Case("rest", "hung-grpc", http_request("/v2/models/hung-grpc/infer", IDENTITY_JSON)),
+    Case("umb", "hung-umb", http_request("/Evaluate", orjson.dumps({"name": "hung-umb", "input": [[1.0]]}))),
+    Case("gs", "hung-gs", http_request("/invocations", GNN_PAYLOAD, {TARGET_MODEL: "hung-gs"})),
+    Case("grpc", "hung-grpc", b""),
+]
+
+
+def served_elsewhere(gw: GatewayProcess, listener: str) -> None:
+    """Another model on the same listener answers: no slot is left held."""
+    if listener == "grpc":
+        with grpc.insecure_channel(gw.url("grpc")) as channel:
+            reply = pb.ModelInferResponse.FromString(grpc_call(channel)(grpc_identity(), timeout=10))
+        assert reply.raw_output_contents[0] == b"\1\2\3"
+        return
+    path, body, headers = {"rest": ("/v2/models/identity/infer", IDENTITY_JSON, None),
+                           "umb": ("/Evaluate", UMBRIDGE_FORWARD, None),
+                           "gs": ("/invocations", GNN_PAYLOAD, {TARGET_MODEL: "gnn"})}[listener]
+    status, answer = post(gw, listener, path, body, headers)
+    assert status == 200, answer
+
+
+def calls_of(hung: Hung, case: Case) -> tuple[Callable[[], int], Callable[[], list[float]]]:
+    """(calls the upstream has seen, when each was given up) for the case's upstream."""
+    if case.upstream == "hung-grpc":
+        return (lambda: len(hung.grpc.started)), (lambda: hung.grpc.cancelled)
+    server = hung.http[case.listener]
+    return (lambda: len(server.opened)), (lambda: server.closed)
+
+
+def abandon(gw: GatewayProcess, case: Case, seen: Callable[[], int]) -> float:
+    """Send the case's request, wait until it reaches the upstream, hang up;
+    the time the client left."""
+    before = seen()
+    if case.listener == "grpc":
+        with grpc.insecure_channel(gw.url("grpc")) as channel:
+            future = grpc_call(channel).future(grpc_identity("hung-grpc"))
+            wait_for(lambda: seen() > before, 5, "the call to reach the upstream")
+            future.cancel()
+            return time.monotonic()
+    with socket.create_connection(("127.0.0.1", gw.ports[case.listener]), timeout=5) as sock:
+        sock.sendall(case.request)
+        wait_for(lambda: seen() > before, 5, "the request to reach the upstream")
+    return time.monotonic()
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c.listener}-to-{c.upstream}")
+def test_client_disconnect_cancels_the_upstream_call(gateway: GatewayProcess, hung: Hung, case: Case) -> None:
+    seen, given_up = calls_of(hung, case)
+    start = len(given_up())
+    for i in range(ABANDONED):
+        left = abandon(gateway, case, seen)
+        ended = wait_for(lambda i=i: given_up()[start + i:start + i + 1], 5, "the upstream call to end")[0]  # type: ignore[misc]
+        assert ended - left < GIVE_UP_S, f"request {i}: the upstream call ended {ended - left:.2f}s after the client left"
+    served_elsewhere(gateway, case.listener)
+    # Nothing leaked: the cluster's counters and the in-flight gauge are back to zero.
+    wait_for(lambda: cluster_state(gateway, case.upstream)["in_flight"] == 0, 5, "the cluster's in_flight to drop")
+    state = cluster_state(gateway, case.upstream)
+    assert (state["pending"], state["retries_in_flight"]) == (0, 0)
+    assert all(e["in_flight"] == 0 for e in state["endpoints"])
+    wait_for(lambda: metric_value(scrape_metrics(gateway), "gateway_requests_in_flight", listener=case.listener) == 0,
+             5, "the listener's in-flight gauge to drop")
+
+
+def status_of(line: str) -> str:
+    return next((w.split("=", 1)[1] for w in line.split() if w.startswith("status=")), "")
+
+
+def test_a_client_leaving_while_its_answer_is_written_is_logged_as_499(gateway: GatewayProcess) -> None:
+    """The JSON answer (~32 MB, written by aiohttp after the handler has
+    returned) is larger than the socket buffers: the client reads its first
+    bytes, then hangs up while the gateway still writes."""
+    size = 8 << 20
+    head = orjson.dumps({"inputs": [{"name": "INPUT0", "datatype": "UINT8", "shape": [size],
+                                     "parameters": {"binary_data_size": size}}]})
+    request_id = f"big-answer-{time.monotonic_ns()}"
+    request = http_request("/v2/models/identity/infer", head + b"\xff" * size, {
+        "Inference-Header-Content-Length": str(len(head)), "X-Request-Id": request_id})
+    with socket.create_connection(("127.0.0.1", gateway.ports["rest"]), timeout=10) as sock:
+        sock.sendall(request)
+        assert sock.recv(16).startswith(b"HTTP/1.1 200")
+    line = wait_for(lambda: [line for line in gateway.log().splitlines() if f"request_id={request_id}" in line],
+                    5, "the request's access-log line")
+    assert len(line) == 1 and status_of(line[0]) == "499", line
+
+
+def test_disconnects_are_logged_as_499_without_traceback(gateway: GatewayProcess) -> None:
+    """(Runs after the cases above.) 499 / CANCELLED at INFO, never an ERROR."""
+    log = gateway.log()
+    lines = [line for line in log.splitlines() if "route=" in line or "status=" in line]
+    hung_lines = [line for line in lines if "model=hung-" in line]
+    statuses = Counter(status_of(line) for line in hung_lines)
+    assert statuses["499"] >= ABANDONED and statuses["CANCELLED"] >= ABANDONED, statuses
+    assert set(statuses) <= {"499", "CANCELLED"}, statuses
+    assert "Traceback" not in log and " ERROR " not in log, log[-3000:]
