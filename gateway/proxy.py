@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
 from gateway.cluster import ClientFactory, Cluster, Endpoint
-from gateway.config import GatewayConfig
+from gateway.config import GatewayConfig, starvation_warnings
 from gateway.counters import Counters, Event
 from gateway.errors import (
     CONNECT_FAILURE,
@@ -117,6 +117,8 @@ class DataPlane:
     def _build(self, config: GatewayConfig, services: Any, reuse: dict[str, Cluster]) -> Generation:
         """Routes and clusters for ``config``; an upstream whose config did not
         change keeps its cluster (health, ejections, connections)."""
+        for warning in starvation_warnings(config):
+            log.warning("%s", warning)
         clusters: dict[str, Cluster] = {}
         for upstream in config.upstreams:
             old = reuse.get(upstream.name)

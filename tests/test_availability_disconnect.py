@@ -227,3 +227,93 @@ def test_disconnects_are_logged_as_499_without_traceback(gateway: GatewayProcess
     assert statuses["499"] >= ABANDONED and statuses["CANCELLED"] >= ABANDONED, statuses
     assert set(statuses) <= {"499", "CANCELLED"}, statuses
     assert "Traceback" not in log and " ERROR " not in log, log[-3000:]
+
+
+# --- 2. one hung upstream cannot starve the others on its listener --------------------------------
+
+
+FLOOD = 300  # more than the listener's default 256 slots
+HUNG_CLUSTER_HOLDS = 96 + 32  # circuit_breaker defaults: max_requests + max_pending
+
+
+@pytest.fixture(scope="module")
+def defaults_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[GatewayProcess, HungHttpServer]]:
+    """Default limits everywhere: one listener, a hung upstream and a healthy one."""
+    directory = tmp_path_factory.mktemp("starve")
+    hung_server = HungHttpServer().start()
+    config = f"""
+admin: {{address: "127.0.0.1:0"}}
+listeners: [{{name: rest, protocol: v2-rest, address: "127.0.0.1:0"}}]
+upstreams:
+  - {{name: local, protocol: builtin}}
+  - {{name: stuck, protocol: v2-rest, endpoints: ["{hung_server.address}"], binary: always}}
+routes:
+  - {{match: {{model: stuck}}, upstream: stuck}}
+  - {{match: {{model: "*"}}, upstream: local}}
+"""
+    try:
+        with GatewayProcess(write_config(directory, config), directory / "gateway.log") as gw:
+            yield gw, hung_server
+    finally:
+        hung_server.stop()
+
+
+async def test_a_hung_upstream_cannot_take_the_listener_from_other_models(
+        defaults_gateway: tuple[GatewayProcess, HungHttpServer]) -> None:
+    gw, hung_server = defaults_gateway
+    base = f"http://{gw.url('rest')}"
+    answered: list[tuple[int, str]] = []
+
+    async def stuck(session: aiohttp.ClientSession) -> None:
+        async with session.post(base + "/v2/models/stuck/infer", data=IDENTITY_JSON) as reply:
+            answered.append((reply.status, (await reply.json())["error"]))
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        flood = [asyncio.create_task(stuck(session)) for _ in range(FLOOD)]
+        try:
+            deadline = time.monotonic() + 20
+            while len(answered) < FLOOD - HUNG_CLUSTER_HOLDS and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            # The overflow is refused by the upstream's breaker, without waiting, the rest stay held.
+            statuses = Counter(status for status, _ in answered)
+            assert statuses == {503: FLOOD - HUNG_CLUSTER_HOLDS}, statuses
+            assert all("upstream 'stuck' is at its limits" in error for _, error in answered), answered[:3]
+            state = await asyncio.to_thread(cluster_state, gw, "stuck")
+            assert (state["in_flight"], state["pending"]) == (96, 32)
+            # Other models on the same listener are served meanwhile.
+            for _ in range(5):
+                async with session.post(base + "/v2/models/identity/infer", data=IDENTITY_JSON) as reply:
+                    assert reply.status == 200, await reply.text()
+        finally:
+            for task in flood:
+                task.cancel()
+            await asyncio.gather(*flood, return_exceptions=True)
+    # The flood's clients have gone: every slot and upstream connection is let go.
+    await asyncio.to_thread(wait_for, lambda: cluster_state(gw, "stuck")["in_flight"] == 0, 10, "slots to free")
+    assert cluster_state(gw, "stuck")["pending"] == 0
+    await asyncio.to_thread(wait_for, lambda: hung_server.open_now == 0, 10, "upstream connections to close")
+
+
+def test_gateway_check_warns_when_an_upstream_can_hold_a_whole_listener(tmp_path: Any) -> None:
+    import subprocess
+    import sys
+
+    from support import REPO
+
+    config = write_config(tmp_path, f"""
+limits: {{max_concurrent_requests: 100}}
+listeners: [{{name: rest, protocol: v2-rest, address: "127.0.0.1:0"}}]
+upstreams:
+  - {{name: local, protocol: builtin}}
+  - {{name: greedy, protocol: v2-rest, endpoints: ["127.0.0.1:{free_port()}"]}}
+  - name: modest
+    protocol: v2-rest
+    endpoints: ["127.0.0.1:{free_port()}"]
+    circuit_breaker: {{max_requests: 40, max_pending: 10}}
+routes: [{{match: {{model: "*"}}, upstream: local}}]
+""")
+    result = subprocess.run([sys.executable, "-m", "gateway", "check", "--config", str(config)], cwd=REPO,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    warnings = [line for line in result.stdout.splitlines() if "warning:" in line]
+    assert len(warnings) == 1 and "upstream 'greedy'" in warnings[0] and "(128)" in warnings[0], result.stdout
