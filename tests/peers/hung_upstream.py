@@ -79,7 +79,7 @@ class HungHttpServer:
     def _hold(self, connection: socket.socket) -> None:
         connection.settimeout(_MAX_HOLD_S)
         try:
-            while data := connection.recv(65536):
+            while connection.recv(65536):
                 if self.reply is not None:
                     connection.sendall(self.reply)
                     break
