@@ -408,3 +408,35 @@ def test_addresses_are_cut_from_upstream_words(text: str, expected: str) -> None
     from gateway.protocols.upstream import without_addresses
 
     assert without_addresses(text, Address("triton.svc.cluster.local", 8001)) == expected
+
+
+# --- 4. no hidden bound on a call: only the route's deadline, if any --------------------------------
+
+
+async def test_http_upstreams_have_no_total_timeout_of_their_own() -> None:
+    """aiohttp gives up on a call after 5 minutes unless told otherwise; a
+    UM-Bridge model may run for hours, so only the data plane's deadline
+    bounds a call (and the connection attempt, CONNECT_TIMEOUT)."""
+    from types import SimpleNamespace
+
+    from gateway.protocols import registry
+    from gateway.protocols.upstream import CONNECT_TIMEOUT
+    from support import parse_yaml_config
+
+    config = parse_yaml_config("""
+listeners: [{name: rest, protocol: v2-rest, address: "127.0.0.1:0"}]
+upstreams:
+  - {name: rest, protocol: v2-rest, endpoints: ["127.0.0.1:1"]}
+  - {name: umb, protocol: umbridge, endpoints: ["127.0.0.1:1"]}
+  - {name: gs, protocol: graphstorm, endpoints: ["127.0.0.1:1"]}
+routes: [{match: {model: "*"}, upstream: rest}]
+""")
+    for upstream in config.upstreams:
+        client = registry.load(upstream.protocol, "backend")(upstream, upstream.endpoints[0],
+                                                               SimpleNamespace(config=config))
+        await client.start()
+        try:
+            timeout = client._session.timeout  # type: ignore[attr-defined]
+            assert (timeout.total, timeout.sock_connect) == (None, CONNECT_TIMEOUT), upstream.protocol
+        finally:
+            await client.close()

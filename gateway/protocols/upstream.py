@@ -14,6 +14,10 @@ from typing import Any
 from gateway.confignode import Node
 from gateway.errors import ErrorKind, GatewayError
 
+# A connection attempt to an endpoint gives up after this long (s), whatever
+# the request's deadline; once connected, only the deadline bounds a call.
+CONNECT_TIMEOUT = 10.0
+
 # Replies may be larger than requests (an identity model echoes its input
 # plus framing), so the default bound is a multiple of the request limit.
 RESPONSE_LIMIT_FACTOR = 4

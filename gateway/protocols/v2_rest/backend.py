@@ -31,6 +31,7 @@ from gateway.errors import ErrorKind, GatewayError, connect_failure, connection_
 from gateway.observe import PASSTHROUGH_REQUEST_ONLY, PASSTHROUGH_TRANSLATED, PASSTHROUGH_VERBATIM
 from gateway.protocols.base import UpstreamClient
 from gateway.protocols.upstream import (
+    CONNECT_TIMEOUT,
     connect_error_words,
     parse_response_limit,
     reading_reply,
@@ -101,7 +102,7 @@ class V2RestClient(UpstreamClient):
                                          ssl=self._tls.ssl)
         # No total timeout here: the data plane bounds every call by the route's deadline.
         self._session = aiohttp.ClientSession(self._tls.url(self.endpoint), connector=connector,
-                                              timeout=aiohttp.ClientTimeout(total=None, sock_connect=10))
+                                              timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT))
 
     async def close(self) -> None:
         if self._session is not None:
