@@ -500,8 +500,8 @@ class HttpFrontend(Frontend):
         # keepalive_timeout runs from a connection's start and from each
         # answer until the next request head is complete: it also bounds
         # clients that send a head slowly (Slowloris).
-        # handler_cancellation: a client that hangs up cancels its handler, and
-        # with it the upstream call (docs/routing-and-resilience.md#client-disconnects).
+        # handler_cancellation: a client that hangs up cancels its handler, and with
+        # it the upstream call (docs/routing-and-resilience.md, "Client disconnects").
         limits = self.services.config.limits
         self._runner = web.AppRunner(self.build_app(), handle_signals=False, auto_decompress=False,
                                      handler_cancellation=True,
