@@ -77,17 +77,22 @@ def post(gw: GatewayProcess, listener: str, path: str, body: bytes, headers: dic
 # --- 1. a client that hangs up is let go, on every frontend ----------------------------------------
 
 
+UNAVAILABLE_REPLY = b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+
+
 @dataclass
 class Hung:
     http: dict[str, HungHttpServer]
     grpc: HungGrpcServer
+    unavailable: HungHttpServer  # answers 503 at once
 
 
 @pytest.fixture(scope="module")
 def hung() -> Iterator[Hung]:
-    servers = Hung({name: HungHttpServer().start() for name in ("rest", "umb", "gs")}, HungGrpcServer().start())
+    servers = Hung({name: HungHttpServer().start() for name in ("rest", "umb", "gs")}, HungGrpcServer().start(),
+                   HungHttpServer(UNAVAILABLE_REPLY).start())
     yield servers
-    for server in servers.http.values():
+    for server in (*servers.http.values(), servers.unavailable):
         server.stop()
     servers.grpc.stop()
 
@@ -109,7 +114,12 @@ upstreams:
   - {{name: hung-umb, protocol: umbridge, endpoints: ["{hung.http['umb'].address}"]}}
   - {{name: hung-gs, protocol: graphstorm, endpoints: ["{hung.http['gs'].address}"]}}
   - {{name: hung-grpc, protocol: v2-grpc, endpoints: ["{hung.grpc.address}"]}}
+  - {{name: unavailable, protocol: v2-rest, endpoints: ["{hung.unavailable.address}"], binary: always,
+      outlier_detection: {{consecutive_failures: 0}}}}
 routes:
+  - match: {{model: unavailable}}
+    upstream: unavailable
+    retry: {{attempts: 10, retry_on: [unavailable], backoff: 20s, max_backoff: 20s}}
   - {{match: {{model: hung-rest}}, upstream: hung-rest}}
   - {{match: {{model: hung-umb}}, upstream: hung-umb}}
   - {{match: {{model: hung-gs}}, upstream: hung-gs}}
@@ -195,6 +205,23 @@ def test_client_disconnect_cancels_the_upstream_call(gateway: GatewayProcess, hu
     assert all(e["in_flight"] == 0 for e in state["endpoints"])
     wait_for(lambda: metric_value(scrape_metrics(gateway), "gateway_requests_in_flight", listener=case.listener) == 0,
              5, "the listener's in-flight gauge to drop")
+
+
+def test_a_client_leaving_during_a_retry_backoff_ends_the_retries(gateway: GatewayProcess, hung: Hung) -> None:
+    """The upstream answers 503 and the route retries after a long backoff:
+    the client leaves, the retry is dropped and its budget slot freed."""
+    request = http_request("/v2/models/unavailable/infer", IDENTITY_JSON)
+    with socket.create_connection(("127.0.0.1", gateway.ports["rest"]), timeout=5) as sock:
+        sock.sendall(request)
+        wait_for(lambda: cluster_state(gateway, "unavailable")["retries_in_flight"] == 1, 10, "a retry to wait")
+    left = time.monotonic()
+    tries = len(hung.unavailable.opened)
+    wait_for(lambda: cluster_state(gateway, "unavailable")["retries_in_flight"] == 0, 5, "the retry to end")
+    assert time.monotonic() - left < GIVE_UP_S + 0.5
+    state = cluster_state(gateway, "unavailable")
+    assert (state["in_flight"], state["pending"]) == (0, 0)
+    time.sleep(0.3)
+    assert len(hung.unavailable.opened) == tries  # no attempt after the client left
 
 
 def status_of(line: str) -> str:
