@@ -82,14 +82,15 @@ UNAVAILABLE_REPLY = b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nC
 
 @dataclass
 class Hung:
-    http: dict[str, HungHttpServer]
+    http: dict[str, HungHttpServer]  # by upstream name
     grpc: HungGrpcServer
     unavailable: HungHttpServer  # answers 503 at once
 
 
 @pytest.fixture(scope="module")
 def hung() -> Iterator[Hung]:
-    servers = Hung({name: HungHttpServer().start() for name in ("rest", "umb", "gs")}, HungGrpcServer().start(),
+    servers = Hung({name: HungHttpServer().start() for name in ("hung-rest", "hung-umb", "hung-gs")},
+                   HungGrpcServer().start(),
                    HungHttpServer(UNAVAILABLE_REPLY).start())
     yield servers
     for server in (*servers.http.values(), servers.unavailable):
@@ -110,9 +111,9 @@ listeners:
   - {{name: gs, protocol: graphstorm, address: "127.0.0.1:0"}}
 upstreams:
   - {{name: local, protocol: builtin}}
-  - {{name: hung-rest, protocol: v2-rest, endpoints: ["{hung.http['rest'].address}"], binary: always}}
-  - {{name: hung-umb, protocol: umbridge, endpoints: ["{hung.http['umb'].address}"]}}
-  - {{name: hung-gs, protocol: graphstorm, endpoints: ["{hung.http['gs'].address}"]}}
+  - {{name: hung-rest, protocol: v2-rest, endpoints: ["{hung.http['hung-rest'].address}"], binary: always}}
+  - {{name: hung-umb, protocol: umbridge, endpoints: ["{hung.http['hung-umb'].address}"]}}
+  - {{name: hung-gs, protocol: graphstorm, endpoints: ["{hung.http['hung-gs'].address}"]}}
   - {{name: hung-grpc, protocol: v2-grpc, endpoints: ["{hung.grpc.address}"]}}
   - {{name: unavailable, protocol: v2-rest, endpoints: ["{hung.unavailable.address}"], binary: always,
       outlier_detection: {{consecutive_failures: 0}}}}
@@ -147,6 +148,7 @@ CASES = [
     Case("umb", "hung-umb", http_request("/Evaluate", orjson.dumps({"name": "hung-umb", "input": [[1.0]]}))),
     Case("gs", "hung-gs", http_request("/invocations", GNN_PAYLOAD, {TARGET_MODEL: "hung-gs"})),
     Case("grpc", "hung-grpc", b""),
+    Case("grpc", "hung-rest", b""),
 ]
 
 
@@ -168,7 +170,7 @@ def calls_of(hung: Hung, case: Case) -> tuple[Callable[[], int], Callable[[], li
     """(calls the upstream has seen, when each was given up) for the case's upstream."""
     if case.upstream == "hung-grpc":
         return (lambda: len(hung.grpc.started)), (lambda: hung.grpc.cancelled)
-    server = hung.http[case.listener]
+    server = hung.http[case.upstream]
     return (lambda: len(server.opened)), (lambda: server.closed)
 
 
@@ -178,7 +180,7 @@ def abandon(gw: GatewayProcess, case: Case, seen: Callable[[], int]) -> float:
     before = seen()
     if case.listener == "grpc":
         with grpc.insecure_channel(gw.url("grpc")) as channel:
-            future = grpc_call(channel).future(grpc_identity("hung-grpc"))
+            future = grpc_call(channel).future(grpc_identity(case.upstream))
             wait_for(lambda: seen() > before, 5, "the call to reach the upstream")
             future.cancel()
             return time.monotonic()
