@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gateway import __version__
-from gateway.config import GatewayConfig, load_config
+from gateway.config import GatewayConfig, load_config, starvation_warnings
 from gateway.confignode import ConfigError
 from gateway.logwriter import StderrHandler, install_stderr_logging
 from gateway.offload import prefer_the_loop
@@ -122,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     if config is None:
         return 1
     if args.command == "check":
+        for warning in starvation_warnings(config):
+            print(f"{config.source}: warning: {warning}")
         print(f"{config.source}: OK ({len(config.listeners)} listeners, {len(config.upstreams)} upstreams, "
               f"{len(config.routes)} routes)")
         return 0

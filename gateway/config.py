@@ -140,8 +140,17 @@ class OutlierDetection:
 
 @dataclass(frozen=True, slots=True)
 class CircuitBreaker:
-    max_requests: int = 1024  # in flight to the whole upstream
-    max_pending: int = 1024  # waiting for a free slot; more are rejected at once
+    """Together the defaults are half of a listener's request slots
+    (limits.max_concurrent_requests): one hung upstream is refused
+    (UPSTREAM_OVERLOADED) before it can starve the other models."""
+
+    max_requests: int = 96  # in flight to the whole upstream
+    max_pending: int = 32  # waiting for a free slot; more are rejected at once
+
+    @property
+    def holds(self) -> int:
+        """The most requests the upstream can hold: in flight and waiting."""
+        return self.max_requests + self.max_pending
 
 
 @dataclass(frozen=True, slots=True)
@@ -327,6 +336,18 @@ class GatewayConfig:
 
     def upstream(self, name: str) -> UpstreamConfig:
         return next(u for u in self.upstreams if u.name == name)
+
+
+def starvation_warnings(config: GatewayConfig) -> list[str]:
+    """Upstreams whose circuit breaker does not trip before a listener's
+    limit: hung, they can take every request slot of a listener."""
+    if len(config.upstreams) < 2:
+        return []  # nothing else to starve
+    slots = config.limits.max_concurrent_requests
+    return [f"upstream '{u.name}': circuit_breaker max_requests + max_pending ({u.circuit_breaker.holds}) is not "
+            f"below limits.max_concurrent_requests ({slots}); if it hangs, it can hold every request slot of a "
+            "listener and other models there are refused"
+            for u in config.upstreams if u.endpoints and u.circuit_breaker.holds >= slots]
 
 
 # --- parsing ---------------------------------------------------------------

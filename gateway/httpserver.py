@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import functools
 import logging
 import socket
 import zlib
@@ -280,15 +281,18 @@ def observing_middleware(frontend: Frontend) -> Callable[..., Awaitable[web.Stre
         if tracing is not None:
             tracing.start(ctx)
         in_flight.inc()
+        # The client may also go away while the answer is written, after this
+        # returns: aiohttp then cancels the request's task and logs nothing.
+        task = asyncio.current_task()
+        if task is not None:
+            task.add_done_callback(functools.partial(_finish_if_cancelled, services, ctx, request))
         try:
             response = await handler(request)
         except web.HTTPException as exc:
             _echo_ids(exc.headers, ctx)
             raise
-        except asyncio.CancelledError:  # the client went away: nginx's 499
-            record.status, record.outcome = "499", OUTCOME_CANCELLED
-            record.request_bytes = request.content.total_bytes
-            finish_request(services, ctx)
+        except asyncio.CancelledError:
+            _finish_cancelled(services, ctx, request)
             raise
         finally:
             in_flight.dec()
@@ -296,6 +300,22 @@ def observing_middleware(frontend: Frontend) -> Callable[..., Awaitable[web.Stre
         return response
 
     return observe
+
+
+def _finish_if_cancelled(services: Any, ctx: RequestContext, request: web.Request, task: asyncio.Task[Any]) -> None:
+    if task.cancelled():
+        _finish_cancelled(services, ctx, request)
+
+
+def _finish_cancelled(services: Any, ctx: RequestContext, request: web.Request) -> None:
+    """Record a request whose client went away before its answer was sent:
+    nginx's 499, at the access log's level (never an error)."""
+    record = ctx.record
+    if record.finished:
+        return
+    record.status, record.outcome = "499", OUTCOME_CANCELLED
+    record.request_bytes = request.content.total_bytes
+    finish_request(services, ctx)
 
 
 class RecordingAccessLogger(AbstractAccessLogger):
@@ -551,8 +571,11 @@ class HttpFrontend(Frontend):
         # keepalive_timeout runs from a connection's start and from each
         # answer until the next request head is complete: it also bounds
         # clients that send a head slowly (Slowloris).
+        # handler_cancellation: a client that hangs up cancels its handler, and with
+        # it the upstream call (docs/routing-and-resilience.md, "Client disconnects").
         limits = self.services.config.limits
         self._runner = web.AppRunner(self.build_app(), handle_signals=False, auto_decompress=False,
+                                     handler_cancellation=True,
                                      access_log=log, access_log_class=access_logger_class(self.services),
                                      keepalive_timeout=limits.idle_timeout,
                                      # After an early answer (413, 408), an unread body is read and

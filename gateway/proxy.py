@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
 from gateway.cluster import ClientFactory, Cluster, Endpoint
-from gateway.config import GatewayConfig
+from gateway.config import GatewayConfig, starvation_warnings
 from gateway.counters import Counters, Event
 from gateway.errors import (
     CONNECT_FAILURE,
@@ -36,7 +36,8 @@ from gateway.metrics import metrics_hook, metrics_of
 from gateway.modelnames import check_model
 from gateway.observe import RequestRecord
 from gateway.protocols.base import UpstreamClient
-from gateway.retry import PER_TRY_TIMEOUT, TIMEOUT, backoff_delay, failure_reason
+from gateway.protocols.upstream import without_addresses
+from gateway.retry import PER_TRY_TIMEOUT, TIMEOUT, backoff_delay, error_chain, failure_reason
 from gateway.routing import Route, RouteTable
 from gateway.types import (
     ExtensionRequest,
@@ -117,6 +118,8 @@ class DataPlane:
     def _build(self, config: GatewayConfig, services: Any, reuse: dict[str, Cluster]) -> Generation:
         """Routes and clusters for ``config``; an upstream whose config did not
         change keeps its cluster (health, ejections, connections)."""
+        for warning in starvation_warnings(config):
+            log.warning("%s", warning)
         clusters: dict[str, Cluster] = {}
         for upstream in config.upstreams:
             old = reuse.get(upstream.name)
@@ -261,8 +264,9 @@ class DataPlane:
                                                   cluster)
                     lease.release(reason)
                     record.outcome = reason or error.kind.value
-                    log.debug("attempt %d of %s on %s failed: %s", attempt, ctx.request_id, lease.endpoint.address,
-                              error.message)
+                    _log_failure(ctx, attempt, cluster.name, lease.endpoint.address, reason, error, exc)
+                    if reason is not None:  # a transport's words (an answer's, e.g. "unknown model", are kept)
+                        error = _without_address(error, lease.endpoint.address)
                 else:
                     lease.release(None)
                     return result
@@ -288,8 +292,9 @@ class DataPlane:
 
     def _failure(self, exc: Exception, per_try_expired: bool, per_try_timeout: float | None, endpoint: Endpoint,
                  cluster: Cluster) -> tuple[str | None, GatewayError]:
-        """An attempt's exception as (failure reason, error for the client)."""
-        label = f"'{cluster.name}' ({endpoint.address})"
+        """An attempt's exception as (failure reason, error for the client).
+        Errors name the upstream, never the endpoint: clients see them."""
+        label = f"'{cluster.name}'"
         if isinstance(exc, TimeoutError):
             if per_try_expired:
                 cluster.stats.per_try_timeouts_total += 1
@@ -299,13 +304,13 @@ class DataPlane:
         reason = failure_reason(exc)
         if isinstance(exc, GatewayError):
             return reason, exc
-        detail = f"{type(exc).__name__}: {str(exc)[:200]}"
+        detail = type(exc).__name__  # its text may name the address: that goes to the log only
         if reason == CONNECT_FAILURE:
             return reason, connect_failure(label, detail)
         if reason == CONNECTION_RESET:
             return reason, connection_reset(label, detail)
         # A bug in a client: never leak a traceback to the wire.
-        log.error("upstream client %s failed", label, exc_info=exc)
+        log.error("upstream client %s (%s) failed", label, endpoint.address, exc_info=exc)
         return reason, GatewayError(ErrorKind.INTERNAL,
                                     f"internal error calling upstream {label}: {type(exc).__name__}")
 
@@ -445,6 +450,41 @@ class DataPlane:
                     names += [n for n in listed if n not in names and route.matches(
                         n, "", ctx.listener, ctx.protocol, ctx.headers)]
         return names
+
+
+def _log_failure(ctx: RequestContext, attempt: int, upstream: str, endpoint: str, reason: str | None,
+                 error: GatewayError, exc: BaseException) -> None:
+    """A failed attempt, with what its client is not shown: the endpoint's
+    address and the transport's own words. A warning when the endpoint
+    failed (the reasons of retry and outlier detection); an answer such as
+    "unknown model" is no trouble of the endpoint's."""
+    level = logging.WARNING if reason else logging.DEBUG
+    if not log.isEnabledFor(level):
+        return
+    causes = [link for link in error_chain(exc) if link is not exc and link is not error
+              and not isinstance(link, (GatewayError, asyncio.CancelledError, TimeoutError))]
+    cause = f" [{type(causes[-1]).__name__}: {_words(causes[-1])}]" if causes else ""
+    log.log(level, "request %s: attempt %d on upstream %s endpoint %s failed (%s): %s%s", ctx.request_id, attempt,
+            upstream, endpoint, reason or error.kind.value, error.message, cause)
+
+
+def _words(exc: BaseException) -> str:
+    """An exception's text on one bounded line (grpc's: its details, not its
+    many-line description)."""
+    details = getattr(exc, "details", None)
+    text = details() if callable(details) else str(exc)
+    return " ".join(str(text).split())[:400]
+
+
+def _without_address(error: GatewayError, endpoint: str) -> GatewayError:
+    """The error with the endpoint's address (or any address) cut from its
+    message: an upstream's own words may name one. The same error object,
+    so its class and fields (a failure reason, a protocol status) stay."""
+    message = without_addresses(error.message, endpoint)
+    if message != error.message:
+        error.message = message
+        error.args = (message,)
+    return error
 
 
 def select_outputs(response: InferResponse, request: InferRequest, model: str) -> list[Any]:

@@ -32,7 +32,8 @@ _KIND_REASONS = {
 }
 
 
-def _chain(exc: BaseException) -> Iterator[BaseException]:
+def error_chain(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and what it was raised from or during (also ``from None``)."""
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
@@ -56,7 +57,7 @@ def failure_reason(exc: BaseException) -> str | None:
     is not at fault (a bad request, an unknown model, a gateway bug)."""
     if isinstance(exc, UpstreamFailure):
         return exc.reason
-    for link in _chain(exc):
+    for link in error_chain(exc):
         reason = _transport_reason(link)
         if reason is not None:
             return reason

@@ -143,7 +143,7 @@ def test_defaults_of_a_plain_upstream_and_route() -> None:
     assert upstream.load_balancing.policy == "round_robin"
     assert upstream.health_check is None
     assert upstream.outlier_detection.consecutive_failures == 5
-    assert upstream.circuit_breaker.max_requests == 1024
+    assert (upstream.circuit_breaker.max_requests, upstream.circuit_breaker.max_pending) == (96, 32)
     assert route.retry.attempts == 2 and route.retry.retry_on == ("connect-failure",)
     assert config.drain.delay == 0 and config.readiness.upstreams == "any"
 

@@ -99,7 +99,13 @@ class UpstreamClient(abc.ABC):
 
     @property
     def label(self) -> str:
-        """How errors and logs name this endpoint."""
+        """How errors name this endpoint: by its upstream's name alone, as
+        clients may see them; addresses go to logs only (endpoint_label)."""
+        return self.upstream.name
+
+    @property
+    def endpoint_label(self) -> str:
+        """How logs name this endpoint: its upstream and its address."""
         return f"{self.upstream.name}" + (f" ({self.endpoint})" if self.endpoint else "")
 
     async def start(self) -> None:  # noqa: B027 - optional hook

@@ -1,14 +1,22 @@
 """What the network upstream clients share: reading an upstream's reply
-safely, and the bound on how much of it they accept."""
+safely, the bound on how much of it they accept, and keeping endpoint
+addresses out of what clients see."""
 
 from __future__ import annotations
 
+import os
+import re
+import ssl
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from gateway.confignode import Node
 from gateway.errors import ErrorKind, GatewayError
+
+# A connection attempt to an endpoint gives up after this long (s), whatever
+# the request's deadline; once connected, only the deadline bounds a call.
+CONNECT_TIMEOUT = 10.0
 
 # Replies may be larger than requests (an identity model echoes its input
 # plus framing), so the default bound is a multiple of the request limit.
@@ -43,3 +51,39 @@ def reading_reply(upstream: str) -> Iterator[None]:
             raise
         raise GatewayError(ErrorKind.UPSTREAM_BAD_RESPONSE,
                            f"upstream {upstream} sent an unreadable reply: {error.message}") from None
+
+
+# What names a network address in a transport's words: URLs, IPv4 and
+# bracketed IPv6 literals with their ports, grpc core's "ipv4:10.0.0.5:8001",
+# Python's socket address tuples "('10.0.0.5', 8001)".
+_ADDRESS = re.compile(
+    r"\('[0-9a-f]*[.:][0-9a-f:.%]*',\s*\d+(?:,\s*\d+){0,2}\)"
+    r"|\b[a-z][a-z0-9+.-]*://[^\s'\"]+"
+    r"|(?:\b(?:ipv4|ipv6):)?(?:\[[0-9a-f.]*:[0-9a-f.]*:[0-9a-f:.]*(?:%[\w.-]+)?\]|%5B[0-9a-f:.%]+%5D"
+    r"|\b\d{1,3}(?:\.\d{1,3}){3}\b)(?::\d+)?"
+    r"|\bunix(?:-abstract)?:[^\s:,;]+", re.IGNORECASE)
+ADDRESS_REDACTED = "<address>"
+
+
+def without_addresses(text: str, endpoint: object = None) -> str:
+    """``text`` with network addresses replaced, for errors clients see
+    (docs/security.md: addresses go to the log only). ``endpoint`` (an
+    Address, or its ``host:port`` text) is replaced also when it is a host
+    name, and its host alone when that is qualified (has a dot)."""
+    text = _ADDRESS.sub(ADDRESS_REDACTED, text)
+    if endpoint is not None:
+        where = str(endpoint)
+        text = text.replace(where, ADDRESS_REDACTED)
+        host = where.rpartition(":")[0].strip("[]")
+        if "." in host:
+            text = re.sub(rf"(?<![\w.-]){re.escape(host)}(?![\w-])", ADDRESS_REDACTED, text)
+    return text
+
+
+def connect_error_words(error: OSError, endpoint: object = None) -> str:
+    """Why a connection could not be made, without the address: the TLS
+    library's reason for a handshake failure, else the errno's words
+    (asyncio's own text quotes the address)."""
+    if isinstance(error, ssl.SSLError) or not error.errno:
+        return without_addresses(str(error.strerror or error), endpoint)[:300]
+    return os.strerror(error.errno)

@@ -27,6 +27,7 @@ from gateway.protocols.graphstorm.graph import (
     TASK_PARAMETER,
     GraphTensors,
 )
+from gateway.protocols.upstream import CONNECT_TIMEOUT
 from gateway.tls import HttpClientTls, http_client_tls
 from gateway.types import InferRequest, InferResponse, ModelMetadata, RawPayload, RequestContext
 
@@ -63,7 +64,7 @@ class GraphStormClient(UpstreamClient):
     async def start(self) -> None:
         # Deadlines come from the data plane (route/upstream timeout).
         self._tls = http_client_tls(self.upstream.tls)  # certificates are read now (docs/security.md)
-        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None),
+        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT),
                                               connector=aiohttp.TCPConnector(ssl=self._tls.ssl))
 
     async def close(self) -> None:

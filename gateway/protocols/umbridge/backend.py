@@ -23,6 +23,7 @@ from gateway.protocols.umbridge import codec
 from gateway.protocols.umbridge.cache import TtlCache
 from gateway.protocols.umbridge.mapping import umbridge_metadata
 from gateway.protocols.umbridge.options import UpstreamOptions, parse_upstream_options
+from gateway.protocols.upstream import CONNECT_TIMEOUT
 from gateway.tls import HttpClientTls, http_client_tls
 from gateway.types import (
     DERIVATIVE_OPERATION,
@@ -63,8 +64,11 @@ class UmbridgeClient(UpstreamClient):
         self._tls = http_client_tls(self.upstream.tls)  # certificates are read now (docs/security.md)
         self.base_url = self._tls.url(self.endpoint)
         connector = aiohttp.TCPConnector(force_close=not self.options.keepalive, limit=0, ssl=self._tls.ssl)
+        # No total timeout (aiohttp's default is 5 min): models may run for
+        # hours; the data plane bounds a call by the route's deadline, if any.
         self._session = aiohttp.ClientSession(connector=connector, auto_decompress=True,
-                                              skip_auto_headers=("User-Agent",))
+                                              skip_auto_headers=("User-Agent",),
+                                              timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT))
 
     async def close(self) -> None:
         if self._session is not None:

@@ -86,6 +86,8 @@ class V2GrpcClient(UpstreamClient):
         try:
             data = await call(request, timeout=timeout, metadata=metadata)
         except grpc.aio.AioRpcError as exc:
+            # grpc core's words for a transport failure name the address: the
+            # data plane cuts it from what the client sees (gateway/proxy.py).
             raise codec.decode_error(exc.code(), exc.details(), self.label) from None
         if not parse:
             return data
@@ -106,7 +108,7 @@ class V2GrpcClient(UpstreamClient):
             ctx.record.passthrough = PASSTHROUGH_REQUEST_ONLY if passed else PASSTHROUGH_TRANSLATED
         if payload is not None and passed:
             body = passthrough.upstream_bytes(payload, request)
-            log.debug("request %s: ModelInfer bytes forwarded unchanged to %s", ctx.request_id, self.label)
+            log.debug("request %s: ModelInfer bytes forwarded unchanged to %s", ctx.request_id, self.endpoint_label)
         else:
             body = codec.encode_infer_request(request)
         reply = await self._call("ModelInfer", body, ctx, parse=False)

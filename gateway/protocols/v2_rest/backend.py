@@ -30,7 +30,14 @@ from gateway.confignode import Node
 from gateway.errors import ErrorKind, GatewayError, connect_failure, connection_reset, unsupported
 from gateway.observe import PASSTHROUGH_REQUEST_ONLY, PASSTHROUGH_TRANSLATED, PASSTHROUGH_VERBATIM
 from gateway.protocols.base import UpstreamClient
-from gateway.protocols.upstream import parse_response_limit, reading_reply, response_limit, too_large_reply
+from gateway.protocols.upstream import (
+    CONNECT_TIMEOUT,
+    connect_error_words,
+    parse_response_limit,
+    reading_reply,
+    response_limit,
+    too_large_reply,
+)
 from gateway.protocols.v2_rest import codec
 from gateway.tls import HttpClientTls, http_client_tls
 from gateway.types import (
@@ -95,7 +102,7 @@ class V2RestClient(UpstreamClient):
                                          ssl=self._tls.ssl)
         # No total timeout here: the data plane bounds every call by the route's deadline.
         self._session = aiohttp.ClientSession(self._tls.url(self.endpoint), connector=connector,
-                                              timeout=aiohttp.ClientTimeout(total=None, sock_connect=10))
+                                              timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT))
 
     async def close(self) -> None:
         if self._session is not None:
@@ -129,11 +136,12 @@ class V2RestClient(UpstreamClient):
         except aiohttp.ClientConnectorError as exc:
             # Named failures (not bare kinds): retry policies and outlier
             # detection tell "never reached it" from "it answered 503".
-            raise connect_failure(self.label, exc.os_error.strerror or str(exc.os_error)) from None
+            # aiohttp's own text names the address: the log has it (gateway/proxy.py).
+            raise connect_failure(self.label, connect_error_words(exc.os_error, self.endpoint)) from None
         except aiohttp.ServerDisconnectedError:
             raise connection_reset(self.label, "closed the connection without answering") from None
         except aiohttp.ClientConnectionError as exc:
-            raise connection_reset(self.label, str(exc)[:200]) from None
+            raise connection_reset(self.label, type(exc).__name__) from None
         except aiohttp.ClientError as exc:  # aiohttp's text may quote the reply: name the failure only
             raise GatewayError(ErrorKind.UPSTREAM_BAD_RESPONSE,
                                f"upstream {self.label} sent an unreadable HTTP reply ({type(exc).__name__})") from None
@@ -160,7 +168,7 @@ class V2RestClient(UpstreamClient):
             return
         if isinstance(extensions, list):
             self.binary = BINARY_EXTENSION in extensions
-            log.info("upstream %s: binary tensor extension %s", self.label,
+            log.info("upstream %s: binary tensor extension %s", self.endpoint_label,
                      "listed, sending binary" if self.binary else "not listed, sending JSON")
 
     async def _infer_once(self, request: InferRequest, binary: bool, raw: RawPayload | None,
@@ -222,7 +230,7 @@ class V2RestClient(UpstreamClient):
                 json_reply = await self._infer_once(request, False, None, ctx)
                 if json_reply.status == 200:
                     log.info("upstream %s rejected binary tensors with %d; sending JSON from now on",
-                             self.label, reply.status)
+                             self.endpoint_label, reply.status)
                     self.binary = False
                 reply, raw = json_reply, None
         if reply.status != 200:
@@ -238,7 +246,7 @@ class V2RestClient(UpstreamClient):
 
     def _note(self, ctx: RequestContext, mode: str) -> None:
         ctx.record.passthrough = mode
-        log.debug("infer %s on %s: %s", ctx.request_id, self.label, mode)
+        log.debug("infer %s on %s: %s", ctx.request_id, self.endpoint_label, mode)
 
     async def model_metadata(self, model: str, version: str, ctx: RequestContext) -> ModelMetadata:
         reply = await self._send("GET", self._model_path(model, version), ctx=ctx)
