@@ -415,10 +415,16 @@ def test_upstream_errors_name_the_cluster_and_log_the_address(faulty: Faulty, li
     status, error = client_error(faulty.gateway, listener, name, request_id)
     assert name in error, (status, error)
     assert "127.0.0.1" not in error and str(port) not in error, (status, error)
-    # The address is in the gateway's log, with the request id, for the operator.
-    logged = [line for line in faulty.gateway.log().splitlines()
-              if request_id in line and f"127.0.0.1:{port}" in line and "WARNING" in line]
-    assert logged, faulty.gateway.log()[-2000:]
+    # The address is in the gateway's log, with the request id, for the operator
+    # (written by the log's own thread: it may land a moment after the answer).
+    def logged() -> list[str]:
+        return [line for line in faulty.gateway.log().splitlines()
+                if request_id in line and f"127.0.0.1:{port}" in line and "WARNING" in line]
+
+    try:
+        wait_for(logged, 5.0, "the failure's log line")
+    except TimeoutError:
+        raise AssertionError(faulty.gateway.log()[-2000:]) from None
 
 
 @pytest.mark.parametrize(("text", "expected"), [
