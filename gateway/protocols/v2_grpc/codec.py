@@ -42,6 +42,7 @@ from gateway.types import (
     Tensor,
     TensorSpec,
     check_datatype,
+    declared_shape,
 )
 
 if TYPE_CHECKING:
@@ -350,7 +351,8 @@ def decode_infer_response_form(data: bytes | memoryview, max_elements: int) -> t
 
 def decode_model_metadata(message: Any) -> ModelMetadata:
     def specs(items: Any) -> tuple[TensorSpec, ...]:
-        return tuple(TensorSpec(t.name, t.datatype, tuple(t.shape)) for t in items)
+        return tuple(TensorSpec(t.name, t.datatype, declared_shape(list(t.shape), f"metadata of '{t.name[:100]}'"))
+                     for t in items)
 
     return ModelMetadata(message.name, tuple(message.versions), message.platform,
                          specs(message.inputs), specs(message.outputs))
