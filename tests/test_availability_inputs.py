@@ -27,6 +27,7 @@ import pytest
 from graphstorm_payloads import TARGET_MODEL, movielens
 
 from gateway.protocols.v2_grpc import messages as pb
+from peers.recording_upstream import RecordingUpstream as Recorder
 from peers.rest_standin import Answer, RecordingUpstream
 from support import GatewayProcess, metric_value, scrape_metrics, wait_for, write_config
 
@@ -44,7 +45,11 @@ listeners:
 upstreams:
   - {{name: local, protocol: builtin}}
   - {{name: standin, protocol: v2-rest, endpoints: ["{standin}"], binary: never}}
+  - {{name: recorder, protocol: v2-grpc, endpoints: ["{recorder}"]}}
 routes:
+  - match: {{model: via-grpc}}
+    upstream: recorder
+    forward_headers: [x-tenant]
   - match: {{model: "relay*"}}
     upstream: standin
   - match: {{model: "*"}}
@@ -58,10 +63,12 @@ SURROGATE_ANSWER = b'{"model_name": "relay", "outputs": [{"name": "\\ud800", "da
 
 
 class Gateway:
-    def __init__(self, process: GatewayProcess, access_log: Path, standin: RecordingUpstream) -> None:
+    def __init__(self, process: GatewayProcess, access_log: Path, standin: RecordingUpstream,
+                 recorder: Recorder) -> None:
         self.process = process
         self.access_log = access_log
         self.standin = standin
+        self.recorder = recorder
 
     def port(self, listener: str) -> int:
         return self.process.ports[listener]
@@ -101,10 +108,12 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
                             "outputs": [{"name": "y", "datatype": "FP64", "shape": [-1, 1]}]})
         for name, shape in (("relay-many-dims", [-1] + [1] * 64), ("relay-huge-shape", [-1, 2 ** 62, 4, 0]))}
     access_log = directory / "access.log"
-    config = write_config(directory, CONFIG.format(log=access_log, standin=standin.address))
-    process = GatewayProcess(config, directory / "gateway.log", extra_env={"GW_TEST_TOKEN": TOKEN})
-    with process:
-        yield Gateway(process, access_log, standin)
+    with Recorder(directory) as recorder:
+        config = write_config(directory, CONFIG.format(log=access_log, standin=standin.address,
+                                                       recorder=recorder.address("grpc")))
+        process = GatewayProcess(config, directory / "gateway.log", extra_env={"GW_TEST_TOKEN": TOKEN})
+        with process:
+            yield Gateway(process, access_log, standin, recorder)
     standin.stop()
     assert "Traceback" not in process.log(), process.log()[-3000:]
 
@@ -266,6 +275,19 @@ def test_grpc_metadata_with_non_utf8_bytes(gateway: Gateway, name: bytes) -> Non
     auth = [(b"authorization", f"Bearer {TOKEN}".encode())] if name != b"authorization" else []
     expected = grpc.StatusCode.UNAUTHENTICATED if name == b"authorization" else grpc.StatusCode.OK
     assert raw_grpc_status(gateway.port("grpc_auth"), message, [*auth, (name, b"Bearer \xff")]) == expected.value[0]
+
+
+def test_forwarded_header_a_grpc_upstream_cannot_carry(gateway: Gateway) -> None:
+    """gRPC metadata is printable ASCII: a forwarded header that is not
+    (non-UTF-8 bytes, or UTF-8 text) stays behind instead of failing the call."""
+    for value in ("\xff", "\xc3\xa9"):  # sent as these bytes: not UTF-8, and "é"
+        status, headers, answer = gateway.post("rest", "/v2/models/via-grpc/infer", identity_body(),
+                                               {"X-Tenant": value})
+        assert status == 200, answer
+        call = gateway.recorder.call_with("x-request-id", headers["x-request-id"])
+        assert "x-tenant" not in call["headers"]
+    _, headers, _ = gateway.post("rest", "/v2/models/via-grpc/infer", identity_body(), {"X-Tenant": "acme"})
+    assert gateway.recorder.call_with("x-request-id", headers["x-request-id"])["headers"]["x-tenant"] == "acme"
 
 
 # --- shapes numpy cannot hold ------------------------------------------------------------------

@@ -11,6 +11,7 @@ typed ``contents``. One message must not mix the two forms.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
@@ -140,6 +141,20 @@ def decode_error(code: grpc.StatusCode, details: str | None, upstream: str) -> G
     detail = (details or "")[:512]
     said = "is unavailable" if code is grpc.StatusCode.UNAVAILABLE else f"answered {code.name}"
     return GatewayError(kind, f"upstream {upstream} {said}" + (f": {detail}" if detail else ""))
+
+
+# --- metadata ----------------------------------------------------------------
+
+_METADATA_VALUE = re.compile(r"[\x20-\x7e]*")
+
+
+def metadata(headers: Mapping[str, str]) -> tuple[tuple[str, str], ...] | None:
+    """Headers as the metadata of an upstream call. gRPC carries only
+    printable ASCII in (non-binary) values, and grpc raises on anything else
+    before the call leaves: a client's header that is not (UTF-8 text, or
+    bytes that are not UTF-8 at all) is not forwarded rather than failing
+    the call."""
+    return tuple((name, value) for name, value in headers.items() if _METADATA_VALUE.fullmatch(value)) or None
 
 
 # --- parameters ----------------------------------------------------------------
