@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import orjson
+import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
@@ -483,3 +484,13 @@ def test_names_from_headers_raise_only_gateway_errors(raw: bytes, text: str) -> 
     for name in (raw.decode("utf-8", "surrogateescape"), text):
         only_gateway_errors(check_model, name, "")
         only_gateway_errors(element_count, [name], name)
+
+
+def test_v2_grpc_request_with_a_lone_surrogate_is_invalid_input() -> None:
+    """What a GraphStorm client may send (its parser reads lone surrogates)
+    cannot become protobuf text: the client's error, not a crash."""
+    tensor = Tensor("node_ids/\ud800", "INT32", (1,), np.zeros(1, np.int32))
+    with pytest.raises(GatewayError) as info:
+        v2_grpc.encode_infer_request(InferRequest("m", inputs=[tensor]))
+    assert info.value.kind.value == "invalid_input"
+    assert_encodable(info.value)

@@ -341,12 +341,16 @@ def encode_infer_request(request: InferRequest) -> bytes:
     """A serialized request for an upstream V2 gRPC server; always raw
     contents (every server reads them, and they are the only form for
     FP16/BF16)."""
-    message = pb.ModelInferRequest(model_name=request.model_name, model_version=request.model_version,
-                                   id=request.id)
-    parameters_to_proto(request.parameters, message.parameters)
-    raw = encode_tensors(request.inputs, message.inputs, typed=False)
-    for output in request.outputs:
-        parameters_to_proto(output.parameters, message.outputs.add(name=output.name).parameters)
+    try:
+        message = pb.ModelInferRequest(model_name=request.model_name, model_version=request.model_version,
+                                       id=request.id)
+        parameters_to_proto(request.parameters, message.parameters)
+        raw = encode_tensors(request.inputs, message.inputs, typed=False)
+        for output in request.outputs:
+            parameters_to_proto(output.parameters, message.outputs.add(name=output.name).parameters)
+    except UnicodeEncodeError:  # e.g. a name from a GraphStorm payload holding a lone surrogate
+        raise invalid("a name or parameter of the request is not Unicode text (a lone surrogate); "
+                      "protobuf cannot carry it") from None
     return _serialize(message, "raw_input_contents", raw)
 
 
