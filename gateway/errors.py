@@ -31,9 +31,20 @@ class ErrorKind(enum.Enum):
 
 
 def bounded(message: str) -> str:
-    if len(message) <= MAX_MESSAGE_CHARS:
-        return message
-    return message[: MAX_MESSAGE_CHARS - 3] + "..."
+    if len(message) > MAX_MESSAGE_CHARS:
+        message = message[: MAX_MESSAGE_CHARS - 3] + "..."
+    return message if message.isascii() else _unicode_text(message)
+
+
+def _unicode_text(message: str) -> str:
+    """``message`` with lone surrogates (a header's non-UTF-8 bytes, a
+    ``"\\ud800"`` escape) written as escapes: every error encoder (orjson,
+    protobuf, the access log) refuses them."""
+    try:
+        message.encode("utf-8")
+    except UnicodeEncodeError:
+        return message.encode("utf-8", "backslashreplace").decode("utf-8")
+    return message
 
 
 class GatewayError(Exception):

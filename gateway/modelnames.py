@@ -21,15 +21,28 @@ def _shown(text: str) -> str:
     return repr(text[:64]) + ("..." if len(text) > 64 else "")
 
 
+def _is_unicode(text: str) -> bool:
+    """False for text holding lone surrogates: ``"\\ud800"`` from JSON, or
+    a header's non-UTF-8 bytes as aiohttp decodes them (surrogateescape)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def check_name(text: str, what: str, *, required: bool) -> None:
     """Raise INVALID_INPUT for a name that is empty (when ``required``),
-    too long, or holds control characters, ``/``, ``\\`` or ``..``."""
+    too long, not Unicode text, or holds control characters, ``/``, ``\\``
+    or ``..``."""
     if not text:
         if required:
             raise invalid(f"{what} is empty")
         return
     if len(text) > MAX_MODEL_NAME_CHARS:
         raise invalid(f"{what} is {len(text)} characters long, over the limit of {MAX_MODEL_NAME_CHARS}")
+    if not text.isascii() and not _is_unicode(text):
+        raise invalid(f"{what} {_shown(text)} is not valid Unicode text (a lone surrogate or non-UTF-8 bytes)")
     if any(unicodedata.category(c) == "Cc" for c in text):
         raise invalid(f"{what} {_shown(text)} contains control characters")
     if "/" in text or "\\" in text:

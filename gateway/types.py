@@ -67,25 +67,69 @@ def check_datatype(datatype: Any, where: str) -> str:
     return datatype
 
 
+# Most dimensions a tensor may have: numpy's own limit (32 before numpy 2,
+# 64 since), so no shape a client sends can fail inside numpy.
+MAX_DIMS = 32
+# Bound on the product of a shape's non-zero dimensions even when its element
+# count is 0: numpy refuses shapes whose span times the element size passes
+# 2**63, such as [2**62, 4, 0].
+MAX_SPAN = 1 << 56
+
+
 def element_count(shape: Any, where: str, max_elements: int | None = None) -> int:
     """Validate a declared shape and return its element count.
 
     Runs before any allocation, on plain Python ints, so absurd shapes are
-    rejected by arithmetic rather than by a MemoryError.
+    rejected by arithmetic rather than by numpy: at most MAX_DIMS dimensions,
+    and the non-zero dimensions (all of them, when there are elements) within
+    ``max_elements`` (TOO_LARGE when there are elements, else INVALID) and
+    MAX_SPAN.
     """
     if not isinstance(shape, (list, tuple)):
         raise invalid(f"{where}: shape must be a list of integers")
-    count = 1
+    if len(shape) > MAX_DIMS:
+        raise invalid(f"{where}: shape has {len(shape)} dimensions, more than the {MAX_DIMS} a tensor may have")
+    span = 1  # product of the non-zero dimensions
+    empty = False
     for dim in shape:
         if isinstance(dim, bool) or not isinstance(dim, int):
             raise invalid(f"{where}: shape must be a list of integers, got {str(dim)[:40]!r}")
         if dim < 0:
             raise invalid(f"{where}: shape has a negative dimension {dim}")
-        count *= dim
-    if max_elements is not None and count > max_elements:
-        raise too_large(f"{where}: shape {list(shape)} has {count} elements, over the limit of {max_elements} "
-                        "(limits.max_tensor_elements)")
-    return count
+        if dim == 0:
+            empty = True
+        else:
+            span *= dim  # at most MAX_DIMS factors: a few thousand bits at worst
+    shown = _shown_shape(shape)
+    bound = MAX_SPAN if max_elements is None else min(max_elements, MAX_SPAN)
+    if span > bound:
+        if empty:
+            raise invalid(f"{where}: shape {shown} has no elements, but its other dimensions multiply to {span}, "
+                          f"over the limit of {bound}")
+        if max_elements is not None and span > max_elements:
+            raise too_large(f"{where}: shape {shown} has {span} elements, over the limit of {max_elements} "
+                            "(limits.max_tensor_elements)")
+        raise invalid(f"{where}: shape {shown} has {span} elements, more than a tensor can hold")
+    return 0 if empty else span
+
+
+def declared_shape(shape: Any, where: str) -> tuple[int, ...]:
+    """A model's declared shape (metadata; -1 marks a variable dimension) as
+    a tuple: INVALID unless it is at most MAX_DIMS integers >= -1 whose fixed
+    dimensions multiply to at most MAX_SPAN."""
+    if not isinstance(shape, (list, tuple)) or not all(
+            isinstance(d, int) and not isinstance(d, bool) and d >= -1 for d in shape):
+        raise invalid(f"{where}: shape must hold integers >= -1")
+    if len(shape) > MAX_DIMS:
+        raise invalid(f"{where}: shape has {len(shape)} dimensions, more than the {MAX_DIMS} a tensor may have")
+    if math.prod(d for d in shape if d > 0) > MAX_SPAN:
+        raise invalid(f"{where}: shape {_shown_shape(shape)} is larger than a tensor can be")
+    return tuple(shape)
+
+
+def _shown_shape(shape: list[Any] | tuple[Any, ...]) -> str:
+    text = str(list(shape))
+    return text if len(text) <= 200 else text[:197] + "..."
 
 
 @dataclass(slots=True)

@@ -98,7 +98,11 @@ def seeds(target: str) -> list[bytes]:
     if target == "v2_rest_json":
         return [b'{"id": "1", "inputs": [{"name": "a", "datatype": "INT32", "shape": [2, 2], "data": [[1, 2], [3, 4]]},'
                 b' {"name": "b", "datatype": "BYTES", "shape": [1], "data": ["x"]}], "outputs": [{"name": "o"}]}',
-                b'{"inputs": [{"name": "a", "datatype": "FP16", "shape": [1], "data": [1.5]}], "parameters": {"p": 1}}']
+                b'{"inputs": [{"name": "a", "datatype": "FP16", "shape": [1], "data": [1.5]}], "parameters": {"p": 1}}',
+                # what only Python's json reads (NaN sends it there), and shapes numpy cannot hold
+                b'{"inputs": [{"name": "\\ud800", "datatype": "FP32", "shape": [1], "data": [NaN]}], "id": "a"}',
+                b'{"inputs": [{"name": "a", "datatype": "INT8", "shape": [2, 0, 4611686018427387904], "data": []}]}',
+                b'{"inputs": [{"name": "a", "datatype": "BOOL", "shape": [' + b"1, " * 40 + b'1], "data": [true]}]}']
     if target == "v2_rest_binary":
         head = (b'{"inputs": [{"name": "a", "datatype": "BYTES", "shape": [2], "parameters": {"binary_data_size": 10}},'
                 b' {"name": "b", "datatype": "FP32", "shape": [1], "parameters": {"binary_data_size": 4}}]}')
@@ -113,7 +117,8 @@ def seeds(target: str) -> list[bytes]:
         return [request.SerializeToString(), raw.SerializeToString()]
     if target == "umbridge":
         return [b'{"name": "f", "input": [[1.0, 2.0], [3.0]], "config": {"a": [1]}, "outWrt": 0, "inWrt": 1, '
-                b'"inWrt1": 0, "inWrt2": 1, "sens": [1, 2, 3], "vec": [1.0]}']
+                b'"inWrt1": 0, "inWrt2": 1, "sens": [1, 2, 3], "vec": [1.0]}',
+                b'{"name": "\\udc00", "input": [[NaN, 2.0], [Infinity]], "config": {"\\ud800": 123456789012345678901}}']
     if target == "graphstorm":
         return [(DATA / "movielens_realtime_payload.json").read_bytes().replace(
             b'"graph"', b'"targets": [{"node_type": "movie", "node_id": "m1"}], "graph"', 1)]
@@ -124,8 +129,11 @@ def _checked(target: Callable[[bytes], None]) -> Callable[[bytes], None]:
     def run(data: bytes) -> None:
         try:
             target(data)
-        except GatewayError:
-            pass  # the protocol's own error: the listener encodes it
+        except GatewayError as error:  # the protocol's own error: the listener encodes it, so it must encode
+            v2_rest.encode_error(error)
+            v2_grpc.encode_error(error)[1].encode("utf-8")
+            umbridge.encode_error(error)
+            graphstorm.encode_error(error, "")
 
     return run
 

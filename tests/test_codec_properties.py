@@ -5,22 +5,36 @@ no non-UTF-8 strings), the strategy leaves it out and the test says so."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import orjson
-from hypothesis import HealthCheck, given, settings
+import pytest
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from gateway.config import Limits
-from gateway.protocols.graphstorm.graph import NODE_TASKS, GraphTensors
+from gateway.errors import GatewayError
+from gateway.modelnames import check_model
+from gateway.protocols.graphstorm import codec as graphstorm
+from gateway.protocols.graphstorm.graph import NODE_TASKS, GraphTensors, prediction_name
 from gateway.protocols.graphstorm.payload import decode_payload, encode_payload
 from gateway.protocols.umbridge import codec as umbridge
 from gateway.protocols.v2_grpc import codec as v2_grpc
 from gateway.protocols.v2_grpc import messages as pb
 from gateway.protocols.v2_rest import codec as v2_rest
-from gateway.types import DATATYPES, NUMPY_DTYPES, InferRequest, InferResponse, RequestedOutput, Tensor
+from gateway.types import (
+    DATATYPES,
+    NUMPY_DTYPES,
+    InferRequest,
+    InferResponse,
+    RequestedOutput,
+    Tensor,
+    element_count,
+)
 
 PROPERTIES = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 LIMITS = Limits()
@@ -280,3 +294,203 @@ def test_graphstorm_graph_tensors_round_trip(graph: GraphTensors, task: str) -> 
     assert invocation.task == task
     got, want = invocation.graph.to_tensors(), graph.to_tensors()
     assert_same_tensors(got, want)
+
+
+# --- hostile input: only the gateway's own errors -------------------------------------------
+#
+# JSON text is written here by hand, so it can hold what no encoder writes:
+# NaN/Infinity literals (read by the Python-json path), lone surrogate
+# escapes, integers beyond 64 bits, duplicate keys, shapes of many or huge
+# dimensions. Every decoder may only raise GatewayError, and every such
+# error must be encodable in each protocol's error form.
+
+HOSTILE_STRINGS = st.one_of(st.text(max_size=6), st.sampled_from(["\ud800", "a\udfff", "\udbff\udc00", "", "\x00"]))
+HOSTILE_LEAVES = st.one_of(
+    st.integers(-(2 ** 70), 2 ** 70), st.floats(), st.booleans(), st.none(), HOSTILE_STRINGS)
+HUGE_DIMS = st.one_of(st.integers(-1, 4), st.integers(2 ** 31, 2 ** 66), st.just(0))
+GRPC_SHAPES = st.one_of(  # int64 dimensions, as the message carries them
+    st.lists(st.one_of(st.integers(-1, 4), st.integers(2 ** 31, 2 ** 63 - 1)), max_size=4),
+    st.lists(st.just(1), min_size=30, max_size=70))
+SHAPES_HOSTILE = st.one_of(
+    st.lists(HUGE_DIMS, max_size=4), st.lists(st.just(1), min_size=30, max_size=70),
+    st.lists(HOSTILE_LEAVES, max_size=3), HOSTILE_LEAVES)
+
+
+class Pairs(list):  # type: ignore[type-arg]
+    """A JSON object as (key, value) pairs: keys may repeat."""
+
+
+def json_text(value: Any, ascii_only: bool = True) -> str:
+    """``value`` as JSON text, with NaN/Infinity literals, repeated keys
+    (Pairs) and lone surrogates: escaped (``ascii_only``) or raw."""
+    if isinstance(value, Pairs):
+        return "{" + ",".join(f"{json.dumps(k, ensure_ascii=ascii_only)}:{json_text(v, ascii_only)}"
+                              for k, v in value) + "}"
+    if isinstance(value, list):
+        return "[" + ",".join(json_text(v, ascii_only) for v in value) + "]"
+    return json.dumps(value, ensure_ascii=ascii_only)
+
+
+def bodies(value: Any) -> tuple[bytes, bytes]:
+    """``value`` as JSON bodies: with escapes, and with raw characters (a
+    lone surrogate then becomes bytes that are not UTF-8)."""
+    return json_text(value).encode(), json_text(value, ascii_only=False).encode("utf-8", "surrogatepass")
+
+
+def _pairs(draw: st.DrawFn, fields: dict[str, st.SearchStrategy[Any]]) -> Pairs:
+    """Some of ``fields`` (maybe twice), maybe an unknown key, in any order."""
+    chosen = draw(st.lists(st.sampled_from(sorted(fields)), max_size=len(fields) + 1))
+    pairs = Pairs((key, draw(fields[key])) for key in chosen)
+    if draw(st.booleans()):
+        pairs.append((draw(HOSTILE_STRINGS), draw(HOSTILE_LEAVES)))
+    return pairs
+
+
+NESTED = st.recursive(HOSTILE_LEAVES, lambda inner: st.lists(inner, max_size=3), max_leaves=12)
+OBJECTS = st.recursive(HOSTILE_LEAVES, lambda inner: st.lists(inner, max_size=3) | st.lists(
+    st.tuples(HOSTILE_STRINGS, inner), max_size=3).map(Pairs), max_leaves=8)
+
+
+@st.composite
+def hostile_tensor(draw: st.DrawFn) -> Pairs:
+    return _pairs(draw, {"name": HOSTILE_STRINGS, "datatype": st.sampled_from([*sorted(DATATYPES), "X"]),
+                         "shape": SHAPES_HOSTILE, "data": st.one_of(NESTED, st.just([1.0]), st.just([])),
+                         "parameters": st.builds(lambda size, extra: Pairs([("binary_data_size", size), *extra]),
+                                                 st.integers(-1, 64), st.lists(st.tuples(HOSTILE_STRINGS,
+                                                                                         HOSTILE_LEAVES), max_size=2))})
+
+
+@st.composite
+def hostile_v2_json(draw: st.DrawFn) -> Pairs:
+    tensors = st.lists(hostile_tensor(), max_size=3)
+    return _pairs(draw, {"id": HOSTILE_STRINGS, "inputs": tensors, "outputs": tensors, "parameters": OBJECTS,
+                         "model_name": HOSTILE_STRINGS})
+
+
+def assert_encodable(error: GatewayError) -> None:
+    """The error in every protocol's form: none of these may raise."""
+    v2_rest.encode_error(error)
+    v2_grpc.encode_error(error)[1].encode("utf-8")
+    umbridge.encode_error(error)
+    graphstorm.encode_error(error, "")
+
+
+def only_gateway_errors(decode: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+    """``decode(*args, **kwargs)`` raises nothing, or a GatewayError every protocol can encode."""
+    try:
+        decode(*args, **kwargs)
+    except GatewayError as error:
+        assert_encodable(error)
+
+
+HOSTILE = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def _v2_body(shape: Any, data: Any = (1,), name: str = "t", datatype: str = "FP32", **top: Any) -> Pairs:
+    tensor = Pairs([("name", name), ("datatype", datatype), ("shape", shape), ("data", list(data))])
+    return Pairs([*top.items(), ("inputs", [tensor])])
+
+
+@HOSTILE
+@given(hostile_v2_json(), st.binary(max_size=16))
+@example(_v2_body([1] * 65), b"")
+@example(_v2_body([2 ** 62, 4, 0], ()), b"")
+@example(_v2_body([1], [float("nan")], "\ud800"), b"")
+@example(_v2_body([1], ["\udfff"], datatype="BYTES", x=float("nan")), b"")
+def test_v2_rest_decoders_raise_only_gateway_errors(request: Pairs, tail: bytes) -> None:
+    for body in bodies(request):
+        only_gateway_errors(v2_rest.decode_infer_request, body, None, "m", "", MAX, LIMITS, keep_raw=True)
+        only_gateway_errors(v2_rest.decode_infer_request, body + tail, str(len(body)), "m", "", MAX, LIMITS,
+                            keep_raw=True)
+        only_gateway_errors(v2_rest.decode_infer_response, body, None, MAX)
+        only_gateway_errors(v2_rest.renamed_response, body, None, "m", "1")
+        only_gateway_errors(v2_rest.decode_model_metadata, body)
+
+
+@HOSTILE
+@given(st.lists(st.tuples(st.sampled_from(sorted(DATATYPES)), GRPC_SHAPES, st.booleans()), min_size=1, max_size=3))
+def test_v2_grpc_decoder_raises_only_gateway_errors(items: list[tuple[str, list[int], bool]]) -> None:
+    message = pb.ModelInferRequest(model_name="m")
+    for datatype, shape, raw in items:
+        message.inputs.add(name="t", datatype=datatype, shape=shape)
+        if raw:
+            message.raw_input_contents.append(b"\0" * 8)
+    only_gateway_errors(v2_grpc.decode_infer_request, message.SerializeToString(), MAX, LIMITS)
+
+
+@st.composite
+def hostile_umbridge(draw: st.DrawFn) -> Pairs:
+    index = st.one_of(st.integers(-2, 3), HOSTILE_LEAVES)
+    return _pairs(draw, {"name": HOSTILE_STRINGS, "config": OBJECTS, "input": NESTED, "outWrt": index,
+                         "inWrt": index, "inWrt1": index, "inWrt2": index, "sens": NESTED, "vec": NESTED})
+
+
+@HOSTILE
+@given(hostile_umbridge())
+def test_umbridge_decoders_raise_only_gateway_errors(call: Pairs) -> None:
+    def decode(body: bytes) -> None:
+        decoded = umbridge.decode_call(body)
+        umbridge.config_text(decoded.config)
+        umbridge.decode_inputs(decoded, (2, 1))
+        for kind in ("Gradient", "ApplyJacobian", "ApplyHessian"):
+            only_gateway_errors(umbridge.decode_derivative, kind, decoded, (2, 1), (3,))
+
+    def answer(body: bytes) -> None:
+        umbridge.decode_outputs(umbridge.decode_answer(body, "up"), "up")
+
+    for body in bodies(call):
+        only_gateway_errors(decode, body)
+        only_gateway_errors(answer, body)
+
+
+@st.composite
+def hostile_graphstorm(draw: st.DrawFn) -> Pairs:
+    """Mostly valid graphs (so that answers get encoded too) with hostile
+    ids, types and features."""
+    types = st.sampled_from(["user", "movie", "\ud800"])
+    ids = st.one_of(st.sampled_from(["a1", "m1", "\udfff"]), HOSTILE_LEAVES)
+    feature = st.one_of(st.just([1.0, 2.0]), NESTED, st.just([[[[[[[[[[[[1.0]]]]]]]]]]]]))
+    nodes = draw(st.lists(st.tuples(types, ids), min_size=1, max_size=4))
+    features = draw(feature)
+    graph = Pairs([("nodes", [Pairs([("node_type", t), ("node_id", i), ("features", Pairs([("feat", features)]))])
+                              for t, i in nodes]),
+                   ("edges", [Pairs([("edge_type", [nodes[0][0], draw(HOSTILE_STRINGS), nodes[-1][0]]),
+                                     ("src_node_id", nodes[0][1]), ("dest_node_id", nodes[-1][1])])])])
+    targets = [Pairs([("node_type", t), ("node_id", i)]) for t, i in draw(st.lists(st.sampled_from(nodes),
+                                                                                   min_size=1, max_size=3))]
+    return _pairs(draw, {"version": st.just("gs-realtime-v0.1"), "gml_task": st.sampled_from(NODE_TASKS),
+                         "graph": st.just(graph), "targets": st.just(targets)})
+
+
+@HOSTILE
+@given(hostile_graphstorm())
+def test_graphstorm_decoders_raise_only_gateway_errors(payload: Pairs) -> None:
+    def invoke(body: bytes) -> None:
+        invocation = graphstorm.decode_invocation(graphstorm.parse_json(body), None, NODE_TASKS)
+        invocation.graph.to_tensors()
+        predictions = [Tensor(prediction_name(t), "FP32", (len(ids), 1), np.zeros((len(ids), 1), np.float32))
+                       for t, ids in invocation.node_targets.items()]
+        graphstorm.encode_results(invocation, predictions, "uid")
+
+    for body in bodies(payload):
+        only_gateway_errors(invoke, body)
+
+
+@HOSTILE
+@given(st.binary(max_size=12), st.text(max_size=6))
+def test_names_from_headers_raise_only_gateway_errors(raw: bytes, text: str) -> None:
+    """A header value as aiohttp hands it over (non-UTF-8 bytes as lone
+    surrogates) is refused as a model name in every protocol's form."""
+    for name in (raw.decode("utf-8", "surrogateescape"), text):
+        only_gateway_errors(check_model, name, "")
+        only_gateway_errors(element_count, [name], name)
+
+
+def test_v2_grpc_request_with_a_lone_surrogate_is_invalid_input() -> None:
+    """What a GraphStorm client may send (its parser reads lone surrogates)
+    cannot become protobuf text: the client's error, not a crash."""
+    tensor = Tensor("node_ids/\ud800", "INT32", (1,), np.zeros(1, np.int32))
+    with pytest.raises(GatewayError) as info:
+        v2_grpc.encode_infer_request(InferRequest("m", inputs=[tensor]))
+    assert info.value.kind.value == "invalid_input"
+    assert_encodable(info.value)

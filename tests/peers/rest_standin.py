@@ -41,6 +41,7 @@ class RecordingUpstream(ThreadingHTTPServer):
         super().__init__(("127.0.0.1", 0), _Handler)
         self.binary = binary
         self.answers: dict[str, Answer] = {}  # by model name in the path
+        self.metadata: dict[str, bytes] = {}  # model metadata bodies (GET /v2/models/NAME), by model name
         self.failures: dict[str, int] = {}  # model -> how many more infers answer 503
         self.seen: list[Seen] = []
         self.lock = threading.Lock()
@@ -85,6 +86,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._reply(200, json.dumps({"name": "recorder", "version": "1", "extensions": extensions}).encode())
         elif self.path.endswith("/ready"):
             self._reply(200, b"")
+        elif self.path.startswith("/v2/models/") and self.path.split("/")[3] in self.server.metadata:
+            self._reply(200, self.server.metadata[self.path.split("/")[3]])
         else:
             self._reply(404, b'{"error": "no such route"}')
 

@@ -84,8 +84,21 @@ def decode_invocation(payload: Any, schema: GraphSchema | None, tasks: tuple[str
 
 def encode_envelope(status_code: int, uid: str, message: str = "", error: str = "",
                     data: Mapping[str, Any] | None = None) -> bytes:
-    return orjson.dumps({"status_code": status_code, "request_uid": uid, "message": message, "error": error,
-                         "data": data if data is not None else {}}, option=_JSON_OPTIONS)
+    envelope = {"status_code": status_code, "request_uid": uid, "message": message, "error": error,
+                "data": data if data is not None else {}}
+    try:
+        return orjson.dumps(envelope, option=_JSON_OPTIONS)
+    except orjson.JSONEncodeError:
+        # Ids and names echoed from a payload may hold what Python's json
+        # reads and orjson cannot write (lone surrogates, integers beyond 64
+        # bits): written as GraphStorm's own json.dumps writes them.
+        return json.dumps(envelope, default=_json_default, separators=(",", ":")).encode()
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, (np.ndarray, np.generic)):
+        return value.tolist()
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
 def encode_error(error: GatewayError, uid: str) -> bytes:

@@ -31,6 +31,7 @@ from gateway.protocols.graphstorm.graph import (
 )
 from gateway.protocols.graphstorm.schema import GraphSchema, load_schema
 from gateway.protocols.graphstorm.status import GraphStormError
+from gateway.routing import Route
 from gateway.types import InferRequest, RawPayload, RequestContext
 
 log = logging.getLogger(__name__)
@@ -145,7 +146,12 @@ class GraphStormFrontend(HttpFrontend):
     async def invocations(self, request: web.Request) -> web.Response:
         uid = ""  # GraphStorm sends "" until the body parses as JSON
         ctx = request_context(request, self.listener.name, PROTOCOL)
+        # The target-model header, else the listener's model. Routed first, so
+        # that refusals of the body carry the model label; a routing failure
+        # is answered after them, in GraphStorm's order.
+        model = request.headers.get(codec.TARGET_MODEL_HEADER) or self.options.model
         try:
+            route = self._route(model, ctx)
             codec.check_content_type(request.headers.get("Content-Type"))
             try:
                 body = await self.read_body(request)
@@ -158,7 +164,7 @@ class GraphStormFrontend(HttpFrontend):
             with Translating(ctx.record, "decode"):
                 payload = await self.services.offload.run(len(body), codec.parse_json, body)
             uid = codec.request_uid(body)
-            answer, status_code = await self._invoke(request, body, payload, uid, ctx)
+            answer, status_code = await self._invoke(model, route, body, payload, uid, ctx)
         except GatewayError as error:
             answer, status_code = self._failed(request, error, uid)
         except Exception:  # a gateway bug: still GraphStorm's form, with the request's uid
@@ -176,16 +182,20 @@ class GraphStormFrontend(HttpFrontend):
         note_error(request, error)
         return codec.encode_error(error, uid), status.status_code_of(error)
 
-    async def _invoke(self, request: web.Request, body: bytes, payload: Any, uid: str,
-                      ctx: RequestContext) -> tuple[bytes, int]:
-        """The answer and its status_code."""
-        model = request.headers.get(codec.TARGET_MODEL_HEADER) or self.options.model
+    def _route(self, model: str, ctx: RequestContext) -> Route | GatewayError:
+        """The route of ``model``, or the error that refuses it."""
         try:
-            route = self.dataplane.resolve(model, "", ctx)
+            return self.dataplane.resolve(model, "", ctx)
         except GatewayError as exc:
             if exc.kind is ErrorKind.INVALID_INPUT:  # a target-model header that is no valid model name
-                raise GraphStormError(status.JSON_FORMAT, exc.kind, exc.message) from None
-            raise status.internal(exc.message, exc.kind) from None
+                return GraphStormError(status.JSON_FORMAT, exc.kind, exc.message)
+            return status.internal(exc.message, exc.kind)
+
+    async def _invoke(self, model: str, route: Route | GatewayError, body: bytes, payload: Any, uid: str,
+                      ctx: RequestContext) -> tuple[bytes, int]:
+        """The answer and its status_code."""
+        if isinstance(route, GatewayError):
+            raise route
         options = route_options(route.config.options)
         with Translating(ctx.record, "decode"):
             invocation, tensors = await self.services.offload.run(len(body), _decode_invocation, payload,

@@ -21,6 +21,7 @@ from gateway.protocols.graphstorm import status
 from gateway.protocols.graphstorm.graph import EDGE_TASKS, GraphTensors, Relation
 from gateway.protocols.graphstorm.schema import FeatureSpec, GraphSchema
 from gateway.protocols.graphstorm.status import GraphStormError, construction, shown
+from gateway.types import MAX_DIMS
 
 PAYLOAD_VERSION = "gs-realtime-v0.1"
 _MISSING: Any = object()
@@ -315,6 +316,9 @@ def _column(values: list[Any], spec: FeatureSpec, where: str) -> np.ndarray:
         raise construction(f"{where} is not a regular list of numbers (items differ in length)") from None
     if array.dtype.kind not in "fiu":
         raise construction(f"{where} must be numbers (or lists of numbers), got {_kind_name(array)}")
+    if array.ndim > MAX_DIMS:  # a tensor of the nodes' (or edges') rows of values
+        raise construction(f"{where} nests {array.ndim - 1} levels of lists; a feature may have at most "
+                           f"{MAX_DIMS - 1} dimensions")
     rows = len(values)
     width = array.size // rows
     expected = spec.width

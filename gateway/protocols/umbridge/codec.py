@@ -24,6 +24,7 @@ import numpy as np
 import orjson
 
 from gateway.errors import ErrorKind, GatewayError, invalid, malformed
+from gateway.jsontext import UnportableJson, python_loads
 from gateway.types import DERIVATIVE_KINDS, Derivative
 
 PROTOCOL_VERSION = 1.0
@@ -84,7 +85,9 @@ def _loads(body: bytes, allow_python_repr: bool) -> Any:
         text = body.decode()
         if allow_python_repr:
             text = _PY_NONFINITE.sub(lambda m: m.group(1) + ("NaN" if m.group(2) == "nan" else "Infinity"), text)
-        return json.loads(text)
+        return python_loads(text)
+    except UnportableJson as exc:
+        raise malformed(f"the body is not valid JSON: {exc}") from None
     except (UnicodeDecodeError, ValueError, RecursionError):
         raise malformed(f"the body is not valid JSON: {error.msg} at position {error.pos}") from None
 

@@ -82,7 +82,7 @@ class V2GrpcClient(UpstreamClient):
         call = self._calls.get(name)
         if call is None:
             raise GatewayError(ErrorKind.INTERNAL, f"upstream {self.label} is not started")
-        metadata = tuple(self.request_headers(ctx).items()) or None
+        metadata = codec.metadata(self.request_headers(ctx))
         try:
             data = await call(request, timeout=timeout, metadata=metadata)
         except grpc.aio.AioRpcError as exc:

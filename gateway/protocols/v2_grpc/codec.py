@@ -11,6 +11,7 @@ typed ``contents``. One message must not mix the two forms.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
@@ -42,6 +43,7 @@ from gateway.types import (
     Tensor,
     TensorSpec,
     check_datatype,
+    declared_shape,
 )
 
 if TYPE_CHECKING:
@@ -139,6 +141,20 @@ def decode_error(code: grpc.StatusCode, details: str | None, upstream: str) -> G
     detail = (details or "")[:512]
     said = "is unavailable" if code is grpc.StatusCode.UNAVAILABLE else f"answered {code.name}"
     return GatewayError(kind, f"upstream {upstream} {said}" + (f": {detail}" if detail else ""))
+
+
+# --- metadata ----------------------------------------------------------------
+
+_METADATA_VALUE = re.compile(r"[\x20-\x7e]*")
+
+
+def metadata(headers: Mapping[str, str]) -> tuple[tuple[str, str], ...] | None:
+    """Headers as the metadata of an upstream call. gRPC carries only
+    printable ASCII in (non-binary) values, and grpc raises on anything else
+    before the call leaves: a client's header that is not (UTF-8 text, or
+    bytes that are not UTF-8 at all) is not forwarded rather than failing
+    the call."""
+    return tuple((name, value) for name, value in headers.items() if _METADATA_VALUE.fullmatch(value)) or None
 
 
 # --- parameters ----------------------------------------------------------------
@@ -327,12 +343,16 @@ def encode_infer_request(request: InferRequest) -> bytes:
     """A serialized request for an upstream V2 gRPC server; always raw
     contents (every server reads them, and they are the only form for
     FP16/BF16)."""
-    message = pb.ModelInferRequest(model_name=request.model_name, model_version=request.model_version,
-                                   id=request.id)
-    parameters_to_proto(request.parameters, message.parameters)
-    raw = encode_tensors(request.inputs, message.inputs, typed=False)
-    for output in request.outputs:
-        parameters_to_proto(output.parameters, message.outputs.add(name=output.name).parameters)
+    try:
+        message = pb.ModelInferRequest(model_name=request.model_name, model_version=request.model_version,
+                                       id=request.id)
+        parameters_to_proto(request.parameters, message.parameters)
+        raw = encode_tensors(request.inputs, message.inputs, typed=False)
+        for output in request.outputs:
+            parameters_to_proto(output.parameters, message.outputs.add(name=output.name).parameters)
+    except UnicodeEncodeError:  # e.g. a name from a GraphStorm payload holding a lone surrogate
+        raise invalid("a name or parameter of the request is not Unicode text (a lone surrogate); "
+                      "protobuf cannot carry it") from None
     return _serialize(message, "raw_input_contents", raw)
 
 
@@ -352,7 +372,8 @@ def decode_infer_response_form(data: bytes | memoryview, max_elements: int) -> t
 
 def decode_model_metadata(message: Any) -> ModelMetadata:
     def specs(items: Any) -> tuple[TensorSpec, ...]:
-        return tuple(TensorSpec(t.name, t.datatype, tuple(t.shape)) for t in items)
+        return tuple(TensorSpec(t.name, t.datatype, declared_shape(list(t.shape), f"metadata of '{t.name[:100]}'"))
+                     for t in items)
 
     return ModelMetadata(message.name, tuple(message.versions), message.platform,
                          specs(message.inputs), specs(message.outputs))

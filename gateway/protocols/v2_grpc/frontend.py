@@ -72,6 +72,18 @@ _OPERATION_OF_RPC = {"ModelInfer": "infer", "ModelMetadata": "model_metadata", "
                      "ServerMetadata": "server_metadata", "ServerLive": "live", "ServerReady": "ready"}
 
 
+class _UndecodableMetadata(logging.Filter):
+    """grpc hands a metadata value that is not UTF-8 over as bytes (the
+    gateway ignores it: ``_metadata_of``) and logs an ERROR with a traceback
+    for each, so any client could flood the log; those records are dropped."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Invalid encoding on")
+
+
+_UNDECODABLE_METADATA = _UndecodableMetadata()
+
+
 def rpc_operation(rpc: str) -> str:
     return _OPERATION_OF_RPC.get(rpc) or operation_label(rpc)
 
@@ -167,6 +179,7 @@ class V2GrpcFrontend(Frontend):
 
     async def start(self) -> None:
         limits = self.services.config.limits
+        logging.getLogger("grpc._cython.cygrpc").addFilter(_UNDECODABLE_METADATA)  # added once
         # Tokens and certificates are read now, when the listener starts.
         if self.listener.auth is not None:
             self._authenticator = Authenticator(self.listener.auth)

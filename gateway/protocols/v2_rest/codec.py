@@ -21,6 +21,7 @@ import numpy as np
 import orjson
 
 from gateway.errors import ErrorKind, GatewayError, invalid, malformed, too_large
+from gateway.jsontext import UnportableJson, python_loads
 from gateway.limits import BYTES_PREFIX, TensorBudget, check_json_depth
 from gateway.types import (
     ELEMENT_SIZE,
@@ -28,10 +29,12 @@ from gateway.types import (
     InferRequest,
     InferResponse,
     ModelMetadata,
+    RawPayload,
     RequestedOutput,
     Tensor,
     TensorSpec,
     check_datatype,
+    declared_shape,
     element_count,
 )
 
@@ -98,14 +101,18 @@ def decode_error(status: int, body: bytes, upstream: str) -> GatewayError:
 # --- JSON helpers ----------------------------------------------------------
 
 
-def _loads_nonfinite_literals(data: bytes | memoryview) -> Any:
+def _loads_nonfinite_literals(data: bytes | memoryview, what: str) -> Any:
     """Python's json, which reads the NaN/Infinity/-Infinity literals Triton
-    writes for non-finite values (orjson refuses them); None if it fails too."""
+    writes for non-finite values (orjson refuses them); None if it fails too.
+    MALFORMED for what orjson refuses besides: lone surrogates, integers
+    beyond 64 bits."""
     raw = bytes(data)
     if b"NaN" not in raw and b"Infinity" not in raw:
         return None
     try:
-        return json.loads(raw.decode("utf-8"))
+        return python_loads(raw.decode("utf-8"))
+    except UnportableJson as exc:
+        raise malformed(f"{what} is not valid JSON: {exc}") from None
     except (UnicodeDecodeError, ValueError, RecursionError):
         return None
 
@@ -114,7 +121,7 @@ def load_json_object(data: bytes | memoryview, what: str) -> dict[str, Any]:
     try:
         obj = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
-        obj = _loads_nonfinite_literals(data)
+        obj = _loads_nonfinite_literals(data, what)
         if obj is None:
             raise malformed(f"{what} is not valid JSON: {exc.msg} at position {exc.pos}") from None
     if not isinstance(obj, dict):
@@ -445,16 +452,19 @@ def split_body(body: bytes | bytearray, header_length: str | None) -> tuple[memo
 
 
 def decode_infer_request(body: bytes | bytearray, header_length: str | None, model: str, version: str,
-                         max_elements: int, limits: Limits | None = None, *, depth_checked: bool = False,
-                         charge: Callable[[int], None] | None = None) -> InferRequest:
+                         max_elements: int, limits: Limits | None = None, *, keep_raw: bool = False,
+                         depth_checked: bool = False, charge: Callable[[int], None] | None = None) -> InferRequest:
     """A client's infer request; ``limits`` (the gateway's) adds the
     request-wide tensor budget and the JSON nesting bound (unless the caller
     has ``depth_checked`` it); ``charge`` takes what decoding will allocate
-    beyond the body (the memory budget)."""
+    beyond the body (the memory budget). ``keep_raw``: the request keeps the
+    client's bytes (``raw``) for a pass-through, unless its JSON might hold a
+    duplicate key (see :func:`_single_keys`)."""
     head, binary = split_body(body, header_length)
+    # a binary request's head is small; a JSON one is the whole body (no copy)
+    text = body if header_length is None else bytes(head)
     if limits is not None and not depth_checked:
-        # a binary request's head is small; a JSON one is the whole body (no copy)
-        check_json_depth(body if header_length is None else head, limits.max_json_depth, "the request")
+        check_json_depth(text, limits.max_json_depth, "the request")
     obj = load_json_object(head, "the request")
     request_id = _optional(obj, "id", str, "request", "")
     parameters = dict(_optional(obj, "parameters", dict, "request", {}))
@@ -466,7 +476,36 @@ def decode_infer_request(body: bytes | bytearray, header_length: str | None, mod
             raise malformed(f"output #{index} must be an object")
         name = _required(item, "name", str, f"output #{index}")
         outputs.append(RequestedOutput(name, dict(_optional(item, "parameters", dict, f"output '{name}'", {}))))
-    return InferRequest(model, version, request_id, inputs, outputs, parameters)
+    request = InferRequest(model, version, request_id, inputs, outputs, parameters)
+    if keep_raw and _single_keys(text, obj):
+        request.raw = (RawPayload(PROTOCOL, body) if header_length is None
+                       else RawPayload(PROTOCOL, body, BINARY_TYPE, {HEADER_LENGTH: str(len(head))}))
+    return request
+
+
+_ESCAPED_COLONS = (b"\\u003a", b"\\u003A")
+
+
+def _single_keys(text: bytes | bytearray, obj: dict[str, Any]) -> bool:
+    """Whether the JSON ``text`` (parsed as ``obj``, its data checked) holds
+    no duplicate key, so that a reader keeping the first of two keys sees
+    what the gateway (orjson: the last one wins) checked.
+
+    Counted at C speed instead of parsed again: every key is followed by one
+    colon, and strings hold the same colons in the text (raw or escaped) as
+    in ``obj`` written back. A duplicate key, or the strings of a value it
+    replaced, add colons only to the text, so equal counts mean no duplicate
+    (unequal counts may also come from an escaped backslash before "u003a":
+    rare, and then the request is simply translated). Numeric data holds no
+    colons and is left out of the count.
+    """
+    in_text = text.count(b":")
+    if text.find(b"\\") != -1:  # one fast scan; numeric bodies have no escapes to count
+        in_text += sum(text.count(escaped) for escaped in _ESCAPED_COLONS)
+    skeleton = dict(obj)
+    skeleton["inputs"] = [{**item, "data": None} if "data" in item and item.get("datatype") != "BYTES" else item
+                          for item in obj["inputs"]]
+    return in_text == orjson.dumps(skeleton).count(b":")
 
 
 # --- encoding tensors --------------------------------------------------------
@@ -500,7 +539,10 @@ def encode_tensors(tensors: Iterable[Tensor], binary_flags: Iterable[bool]) -> t
 def body_parts(head: dict[str, Any], chunks: list[Any]) -> tuple[list[Any], dict[str, str]]:
     """The body as its parts (JSON head, then each binary tensor as a view of
     its array, uncopied) and the headers: plain JSON, or head + binary tail."""
-    head_bytes = orjson.dumps(head, option=_JSON_OPTIONS)
+    try:
+        head_bytes = orjson.dumps(head, option=_JSON_OPTIONS)
+    except orjson.JSONEncodeError as exc:  # e.g. a name from a GraphStorm client holding a lone surrogate
+        raise invalid(f"a tensor or parameter cannot be written as V2 JSON: {exc}") from None
     if not chunks:
         return [head_bytes], {"Content-Type": JSON_TYPE}
     return [head_bytes, *chunks], {"Content-Type": BINARY_TYPE, HEADER_LENGTH: str(len(head_bytes))}
@@ -561,7 +603,7 @@ def renamed_response(body: bytes | bytearray, header_length: str | None, model_n
         obj = orjson.loads(head)
         nonfinite = False
     except orjson.JSONDecodeError:
-        obj = _loads_nonfinite_literals(head)  # Triton's NaN/Infinity literals, written back as such
+        obj = _loads_nonfinite_literals(head, "the response")  # Triton's NaN/Infinity literals, written back as such
         nonfinite = True
     if not isinstance(obj, dict):
         raise malformed("the response is not a JSON object")
@@ -641,10 +683,8 @@ def _spec_from_json(item: Any, where: str) -> TensorSpec:
         raise malformed(f"{where} must be an object")
     name = _required(item, "name", str, where)
     datatype = _required(item, "datatype", str, where)
-    shape = _required(item, "shape", list, where)
-    if not all(isinstance(d, int) and not isinstance(d, bool) and d >= -1 for d in shape):
-        raise malformed(f"{where}: shape must hold integers >= -1")
-    return TensorSpec(name, datatype, tuple(shape), dict(_optional(item, "parameters", dict, where, {})))
+    shape = declared_shape(_required(item, "shape", list, where), where)
+    return TensorSpec(name, datatype, shape, dict(_optional(item, "parameters", dict, where, {})))
 
 
 def decode_model_metadata(body: bytes) -> ModelMetadata:

@@ -27,7 +27,7 @@ from gateway.observe import PASSTHROUGH_RENAMED
 from gateway.protocols.upstream import reading_reply
 from gateway.protocols.v2_rest import codec, extensions
 from gateway.routing import Route
-from gateway.types import InferRequest, InferResponse, RawPayload, RequestContext
+from gateway.types import InferRequest, InferResponse, RequestContext
 
 PROTOCOL = codec.PROTOCOL
 
@@ -126,10 +126,11 @@ class V2RestFrontend(HttpFrontend):
     async def infer(self, request: web.Request) -> web.StreamResponse:
         model, version = self._names(request)
         ctx = self.context(request)
-        body = await self.read_buffer(request)
-        # The model is looked up before the body is read as a request: an
-        # unknown model is 404 whatever the body holds (as Triton, MLServer).
+        # The model is looked up before the body is read: an unknown model is
+        # 404 whatever the body holds (as Triton, MLServer), and every later
+        # refusal of the body is counted under the model's label.
         route = self.dataplane.resolve(model, version, ctx)
+        body = await self.read_buffer(request)
         limits = self.services.config.limits
         header_length = request.headers.get(codec.HEADER_LENGTH)
         # Nesting checked and what parsing builds charged to the memory budget
@@ -140,20 +141,15 @@ class V2RestFrontend(HttpFrontend):
         started = time.perf_counter()
         # Decoded even when the bytes will be forwarded: the checks (and
         # their errors) stay the gateway's, and mirrors, splits to other
-        # protocols and the statistics need the tensors. Big bodies are
-        # decoded in the offload pool, never on the loop.
-        try:
-            infer_request = await offload.run(
-                len(body), codec.decode_infer_request, body, header_length, model, version,
-                limits.max_tensor_elements, limits, depth_checked=True, charge=reservation.grow)
-        except GatewayError:
-            ctx.record.model = ctx.record.version = ""  # a malformed request adds no model label
-            raise
+        # protocols and the statistics need the tensors. The bytes are kept
+        # (infer_request.raw) only when they hold no duplicate JSON key: an
+        # upstream reads what the gateway checked (docs/security.md). Big
+        # bodies are decoded in the offload pool, never on the loop.
+        infer_request = await offload.run(
+            len(body), codec.decode_infer_request, body, header_length, model, version,
+            limits.max_tensor_elements, limits, keep_raw=_passthrough(route), depth_checked=True,
+            charge=reservation.grow)
         ctx.record.decode_seconds = time.perf_counter() - started
-        if _passthrough(route):
-            # (the header length was checked by the decode; sent on in its plain form)
-            infer_request.raw = (RawPayload(PROTOCOL, body) if header_length is None else RawPayload(
-                PROTOCOL, body, codec.BINARY_TYPE, {codec.HEADER_LENGTH: str(int(header_length))}))
         response = await self.extensions.infer(infer_request, ctx)
         # The inputs (views of the body) are done with: let them go before the
         # answer is built, so a big request and its answer do not overlap.
