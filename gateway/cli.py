@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from gateway import __version__
+from gateway import __version__, fdlimit
 from gateway.config import GatewayConfig, load_config
 from gateway.confignode import ConfigError
 
@@ -113,6 +113,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "check":
         print(f"{config.source}: OK ({len(config.listeners)} listeners, {len(config.upstreams)} upstreams, "
               f"{len(config.routes)} routes)")
+        # Against the hard limit: `gateway serve` raises the soft one to it.
+        warning = fdlimit.open_file_warning(config, fdlimit.open_file_limit()[1])
+        if warning is not None:
+            print(f"{config.source}: warning: {warning}", file=sys.stderr)
         return 0
     if args.command == "routes":
         from gateway.routing import RouteTable
@@ -127,6 +131,10 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"gateway: --workers {args.workers}: {exc}", file=sys.stderr)
         return 2
+    limit = fdlimit.raise_open_file_limit()  # each worker too: they may be started with other limits
+    warning = fdlimit.open_file_warning(config, limit)
+    if warning is not None and args.worker_index is None:  # once, not once per worker
+        logging.getLogger(__name__).warning("%s", warning)
     import prometheus_client
 
     # `_created` series double the series count for no use on a dashboard.
