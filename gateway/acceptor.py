@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import functools
 import logging
 import socket
 import ssl
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Protocol
 
 log = logging.getLogger(__name__)
@@ -75,13 +76,17 @@ class RefusalLog:
 class Gate(Protocol):
     """What an :class:`Acceptor` asks its listener about each connection."""
 
-    def admit(self) -> Callable[[], asyncio.BaseProtocol] | None:
-        """A connection was accepted: the factory of its protocol, or None to
-        close it at once (the gate logs why)."""
+    def admit(self) -> asyncio.BaseProtocol | None:
+        """A connection was accepted: its protocol, or None to close it at
+        once (the gate logs why)."""
 
-    def failed(self, protocol: asyncio.BaseProtocol | None) -> None:
+    def connecting(self, protocol: asyncio.BaseProtocol, task: asyncio.Task[None]) -> None:
+        """``task`` connects ``protocol`` (TLS handshake included); cancelling
+        it closes the connection."""
+
+    def failed(self, protocol: asyncio.BaseProtocol) -> None:
         """An admitted connection closed before its protocol was connected
-        (a failed TLS handshake, or closed while in it)."""
+        (a failed TLS handshake, or cancelled)."""
 
     def free_idle(self) -> bool:
         """Out of file descriptors: close an idle connection; True if one was."""
@@ -196,14 +201,17 @@ class Acceptor(asyncio.AbstractServer):
             except OSError as exc:
                 self._accept_failed(exc)
                 return
-            factory = self._gate.admit()
-            if factory is None:
+            # The protocol is made now, so that the connection can be closed
+            # to make room before its task has even started.
+            protocol = self._gate.admit()
+            if protocol is None:
                 conn.close()
                 continue
             conn.setblocking(False)
-            task = self._loop.create_task(self._connect(conn, factory))
+            task = self._loop.create_task(self._connect(conn, protocol))
             self._connecting.add(task)
-            task.add_done_callback(self._connecting.discard)
+            task.add_done_callback(functools.partial(self._connected, conn, protocol))
+            self._gate.connecting(protocol, task)
 
     def _accept_failed(self, exc: OSError) -> None:
         name = errno.errorcode.get(exc.errno or 0, str(exc.errno))
@@ -220,17 +228,15 @@ class Acceptor(asyncio.AbstractServer):
         if self._paused is None:
             self._paused = self._loop.call_later(_RETRY_AFTER_FREEING if freed else _RETRY_PAUSE, self._resume)
 
-    async def _connect(self, conn: socket.socket, factory: Callable[[], asyncio.BaseProtocol]) -> None:
-        protocol: asyncio.BaseProtocol | None = None
+    async def _connect(self, conn: socket.socket, protocol: asyncio.BaseProtocol) -> None:
+        await self._loop.connect_accepted_socket(lambda: protocol, conn, ssl=self._ssl)
 
-        def make() -> asyncio.BaseProtocol:
-            nonlocal protocol
-            protocol = factory()
-            return protocol
-
-        try:
-            await self._loop.connect_accepted_socket(make, conn, ssl=self._ssl)
-        except (Exception, asyncio.CancelledError) as exc:  # failed, or closed by us: either way gone
-            conn.close()  # a no-op once a transport has closed it
-            self._gate.failed(protocol)
-            log.debug("a connection closed before it was set up: %r", exc)
+    def _connected(self, conn: socket.socket, protocol: asyncio.BaseProtocol, task: asyncio.Task[None]) -> None:
+        self._connecting.discard(task)
+        failure = "cancelled" if task.cancelled() else task.exception()
+        if failure is None:
+            return
+        # Failed (a TLS handshake), or cancelled, even before it started: either way gone.
+        conn.close()  # a no-op once a transport has closed it
+        self._gate.failed(protocol)
+        log.debug("a connection closed before it was set up: %r", failure)

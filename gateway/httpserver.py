@@ -323,9 +323,9 @@ def auth_middleware(authenticator: Authenticator, public_paths: frozenset[str],
 
 Render = Callable[[GatewayError, "int | None"], web.StreamResponse]
 
-# Set on an HTTP/1.1 request that carried `Expect` (its value). The header
-# is hidden from aiohttp, which would answer `100 Continue` before any
-# middleware could refuse the request; the guard answers it instead.
+# Set on an HTTP/1.1 request that carried `Expect` (its value) until the
+# guard answers `100 Continue`. The header is hidden from aiohttp, which
+# would send the 100 before any middleware could refuse the request.
 _EXPECT = web.RequestKey("gateway_expect", str)
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 
@@ -376,17 +376,14 @@ class ListenerGuard:
         return over_limit
 
     def opened(self, handler: _GuardedRequestHandler, over_limit: bool) -> None:
-        """An admitted connection has its handler (it may still be in its TLS handshake)."""
+        """An admitted connection has its handler (it is not connected yet)."""
         handler.over_limit = over_limit
         handler.counted = True
-        handler.connecting = asyncio.current_task()  # cancelling it closes a connection in its handshake
         self._waiting[handler] = None
 
-    def closed(self, handler: _GuardedRequestHandler | None) -> None:
-        """A connection is gone (None: admitted, but gone before it had a handler)."""
-        if handler is None:
-            self.connections -= 1
-        elif handler.counted:
+    def closed(self, handler: _GuardedRequestHandler) -> None:
+        """A connection is gone."""
+        if handler.counted:
             handler.counted = False
             self.connections -= 1
             self._waiting.pop(handler, None)
@@ -455,6 +452,7 @@ class ListenerGuard:
                 f"request body of {declared} bytes exceeds the limit of {self.max_body} bytes"))
         await request.writer.write(_CONTINUE)
         request.writer.output_size = 0  # as aiohttp's own expect handler: the answer has not started
+        del request[_EXPECT]
         return None
 
     def _refuse(self, request: web.Request, message: str, close: bool = False) -> web.StreamResponse:
@@ -465,10 +463,7 @@ class ListenerGuard:
 
     def _refuse_with(self, request: web.Request, error: GatewayError) -> web.StreamResponse:
         note_error(request, error)
-        response = self.render(error, getattr(error, "http_status", None))
-        if _EXPECT in request:  # its body was not asked for: the connection cannot carry on
-            response.force_close()
-        return response
+        return self.render(error, getattr(error, "http_status", None))
 
 
 class _GuardedRequestHandler(RequestHandler):
@@ -515,6 +510,16 @@ class _GuardedRequestHandler(RequestHandler):
             # (lingering) so the client sees the answer: not idle until done.
             self.answered = request.content.is_eof()
             self.guard.request_finished(self)
+
+    async def finish_response(self, request: web.BaseRequest, resp: web.StreamResponse, start_time: float | None
+                              ) -> tuple[web.StreamResponse, bool]:
+        if _EXPECT in request:
+            # Answered without `100 Continue` (refused from its head): the
+            # client holds its body back, so neither wait for it (aiohttp
+            # would, up to its lingering time) nor keep the connection.
+            resp.force_close()
+            self._lingering_time = 0.0
+        return await super().finish_response(request, resp, start_time)
 
     def handle_error(self, request: Any, status: int = 500, exc: BaseException | None = None,
                      message: str | None = None) -> web.StreamResponse:
@@ -598,20 +603,21 @@ class _GuardedServer(web.Server):
         handler.guard = self.guard
         return handler
 
-    def admit(self) -> Callable[[], asyncio.BaseProtocol] | None:
+    def admit(self) -> asyncio.BaseProtocol | None:
         over_limit = self.guard.admit()
         if over_limit is None:
             return None
+        handler = self._handler()
+        self.guard.opened(handler, over_limit)
+        return handler
 
-        def connect() -> asyncio.BaseProtocol:
-            handler = self._handler()
-            self.guard.opened(handler, over_limit)
-            return handler
+    def connecting(self, protocol: asyncio.BaseProtocol, task: asyncio.Task[None]) -> None:
+        assert isinstance(protocol, _GuardedRequestHandler)
+        protocol.connecting = task
 
-        return connect
-
-    def failed(self, protocol: asyncio.BaseProtocol | None) -> None:
-        self.guard.closed(protocol if isinstance(protocol, _GuardedRequestHandler) else None)
+    def failed(self, protocol: asyncio.BaseProtocol) -> None:
+        assert isinstance(protocol, _GuardedRequestHandler)
+        self.guard.closed(protocol)
 
     def free_idle(self) -> bool:
         return self.guard.close_oldest_idle()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import socket
+import ssl
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from security_support import make_pki
 
 from peers.nofile_gateway import nofile_env
 from support import REPO, GatewayProcess, metric_value, scrape_metrics, wait_for, write_config
@@ -91,7 +93,8 @@ def exchange(sock: socket.socket, request: bytes) -> tuple[int, dict[str, str], 
     return read_response(sock)
 
 
-def closed_by_gateway(sock: socket.socket) -> bool:
+def closed_by_gateway(sock: socket.socket, wait: float = 5.0) -> bool:
+    sock.settimeout(wait)
     try:
         return sock.recv(1) == b""
     except ConnectionResetError:
@@ -158,6 +161,27 @@ def test_busy_connections_refuse_new_ones_and_the_refusal_is_logged(gateway: Gat
             sock.close()
 
 
+def test_connections_stuck_in_their_tls_handshake_make_room(tmp_path: Path) -> None:
+    """A connection that never sends its TLS hello counts against
+    max_connections and is closed, the oldest first, to admit a client
+    (it used to be counted only after its handshake, for up to a minute)."""
+    make_pki(tmp_path)
+    plain = '{name: rest, protocol: v2-rest, address: "127.0.0.1:0"}'
+    config = CONFIG.replace(plain, plain[:-1] + ", tls: {cert: server.pem, key: server.key}}")
+    with GatewayProcess(write_config(tmp_path, config), tmp_path / "gateway.log", {"GW_TEST_TOKEN": TOKEN}) as gw:
+        port = gw.ports["rest"]
+        silent = [connect(port) for _ in range(CONNECTIONS)]
+        try:
+            context = ssl.create_default_context(cafile=str(tmp_path / "ca.pem"))
+            with context.wrap_socket(connect(port), server_hostname="127.0.0.1") as client:
+                assert exchange(client, LIVE)[0] == 200
+            assert closed_by_gateway(silent[0])
+            assert not closed_by_gateway(silent[1], wait=0.2)
+        finally:
+            for sock in silent:
+                sock.close()
+
+
 def test_open_file_limit_is_raised_and_its_exhaustion_logged(tmp_path: Path) -> None:
     """The soft RLIMIT_NOFILE is raised to the hard one; when that is
     exhausted too, idle connections make room and the refusals are logged
@@ -218,11 +242,17 @@ def _expecting(port: int, head: str) -> tuple[bytes, socket.socket]:
 ])
 def test_early_refusals_come_before_100_continue(gateway: GatewayProcess, listener: str, head: str,
                                                  status: int) -> None:
+    """Refused from its head, in the protocol's form, without a `100`; the
+    body is never asked for, so the connection closes at once."""
     first, sock = _expecting(gateway.ports[listener], head)
-    sock.close()
-    assert first.startswith(f"HTTP/1.1 {status} ".encode()), first
-    assert b"100 Continue" not in first
-    assert json.loads(first.partition(b"\r\n\r\n")[2])["error"]
+    try:
+        assert first.startswith(f"HTTP/1.1 {status} ".encode()), first
+        assert b"100 Continue" not in first
+        headers, _, body = first.partition(b"\r\n\r\n")
+        assert b"Connection: close" in headers and json.loads(body)["error"]
+        assert closed_by_gateway(sock, wait=2)  # not after aiohttp's lingering read
+    finally:
+        sock.close()
 
 
 def test_100_continue_then_the_answer(gateway: GatewayProcess) -> None:
