@@ -43,34 +43,42 @@ class RefusalLog:
         self.interval = interval
         self._counts: Counter[str] = Counter()
         self._timer: asyncio.TimerHandle | None = None
+        self._since = 0.0  # loop time the counts run from
 
     def refused(self, reason: str) -> None:
         if self._timer is None:  # the first after a quiet interval
             log.warning("listener %s: refused or delayed a connection: %s (more are counted and logged every %gs)",
                         self.listener, reason, self.interval)
-            self._timer = asyncio.get_running_loop().call_later(self.interval, self._flush)
+            self._schedule()
         else:
             self._counts[reason] += 1
 
-    def _flush(self) -> None:
+    def _tick(self) -> None:
         self._timer = None
-        if not self._counts:
-            return
+        if self._counts:  # else quiet: the next refusal is logged at once
+            self._report()
+            self._schedule()
+
+    def _schedule(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._since = loop.time()
+        self._timer = loop.call_later(self.interval, self._tick)
+
+    def _report(self) -> None:
         count = sum(self._counts.values())
         reasons = "; ".join(f"{n} {reason}" for reason, n in self._counts.most_common())
-        log.warning("listener %s: refused or delayed %d more connection%s in the last %gs: %s", self.listener,
-                    count, "" if count == 1 else "s", self.interval, reasons)
+        elapsed = asyncio.get_running_loop().time() - self._since
+        log.warning("listener %s: refused or delayed %d more connection%s in the last %.0fs: %s", self.listener,
+                    count, "" if count == 1 else "s", elapsed, reasons)
         self._counts.clear()
-        self._timer = asyncio.get_running_loop().call_later(self.interval, self._flush)
 
     def close(self) -> None:
         """Log what is still counted (the listener stops)."""
         if self._timer is not None:
             self._timer.cancel()
-            self._flush()
-            if self._timer is not None:
-                self._timer.cancel()
-                self._timer = None
+            self._timer = None
+        if self._counts:
+            self._report()
 
 
 class Gate(Protocol):
@@ -165,7 +173,7 @@ class Acceptor(asyncio.AbstractServer):
             self._paused.cancel()
         for sock in self._sockets:
             sock.close()
-        for task in self._connecting:
+        for task in list(self._connecting):
             task.cancel()
         self._refusals.close()
 
@@ -199,8 +207,13 @@ class Acceptor(asyncio.AbstractServer):
             except ConnectionAbortedError:
                 continue  # the client gave up while it waited in the backlog
             except OSError as exc:
-                self._accept_failed(exc)
-                return
+                name = errno.errorcode.get(exc.errno or 0, str(exc.errno))
+                if exc.errno in _OUT_OF_RESOURCES:
+                    self._out_of_resources(name)
+                    return
+                # Linux reports a pending connection's network error here: that one is lost.
+                self._refusals.refused(f"accept failed ({name})")
+                continue
             # The protocol is made now, so that the connection can be closed
             # to make room before its task has even started.
             protocol = self._gate.admit()
@@ -213,15 +226,11 @@ class Acceptor(asyncio.AbstractServer):
             task.add_done_callback(functools.partial(self._connected, conn, protocol))
             self._gate.connecting(protocol, task)
 
-    def _accept_failed(self, exc: OSError) -> None:
-        name = errno.errorcode.get(exc.errno or 0, str(exc.errno))
-        freed = exc.errno in _OUT_OF_RESOURCES and self._gate.free_idle()
-        if exc.errno in _OUT_OF_RESOURCES:
-            then = "closed an idle connection to retry" if freed else f"accepting paused for {_RETRY_PAUSE:g}s"
-            self._refusals.refused(f"out of file descriptors or socket memory ({name}; see the open-file limit "
-                                   f"in docs/security.md): {then}")
-        else:
-            self._refusals.refused(f"accept failed ({name}): accepting paused for {_RETRY_PAUSE:g}s")
+    def _out_of_resources(self, name: str) -> None:
+        freed = self._gate.free_idle()
+        then = "closed an idle connection to retry" if freed else f"accepting paused for {_RETRY_PAUSE:g}s"
+        self._refusals.refused(f"out of file descriptors or socket memory ({name}; see the open-file limit in "
+                               f"docs/security.md): {then}")
         # Stop reading for a while: the listening sockets stay readable and
         # would spin the loop until a descriptor is free again.
         self._stop_reading()

@@ -69,8 +69,10 @@ def open_file_warning(config: GatewayConfig, limit: int) -> str | None:
     needed = needed_open_files(config)
     if needed <= limit:
         return None
-    return (f"the configuration may hold about {needed} file descriptors ({len(config.listeners)} listeners x "
-            f"limits.max_connections {config.limits.max_connections}, upstream connection pools, {MARGIN} more), "
+    listeners = len(config.listeners)
+    return (f"the configuration may hold about {needed} file descriptors ({listeners} listener"
+            f"{'' if listeners == 1 else 's'} x limits.max_connections {config.limits.max_connections}, "
+            f"upstream connection pools, {MARGIN} more), "
             f"over the open-file limit of {limit} (RLIMIT_NOFILE): past it new connections wait or idle ones "
             "are closed; raise the limit (ulimit -n, systemd LimitNOFILE, the container's nofile ulimit) or "
             "lower limits.max_connections")

@@ -352,7 +352,6 @@ class ListenerGuard:
         self.probe_paths = probe_paths  # health probes: answered even when busy
         self.connections = 0  # accepted and not closed yet
         self.requests = 0
-        self.evicted = 0  # idle connections closed to admit others
         self.refusals = RefusalLog(listener)
         # Connections between requests, in the order they got there (oldest first).
         self._waiting: dict[_GuardedRequestHandler, None] = {}
@@ -401,7 +400,6 @@ class ListenerGuard:
             if handler.idle:
                 self.closed(handler)
                 handler.evict()
-                self.evicted += 1
                 log.debug("listener %s: closed the connection idle the longest (%s) to make room",
                           self.refusals.listener, handler.peername)
                 return True
