@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from gateway import __version__
+from gateway import __version__, fdlimit
 from gateway.config import GatewayConfig, load_config, starvation_warnings
 from gateway.confignode import ConfigError
 from gateway.logwriter import StderrHandler, install_stderr_logging
@@ -122,10 +122,14 @@ def main(argv: list[str] | None = None) -> int:
     if config is None:
         return 1
     if args.command == "check":
-        for warning in starvation_warnings(config):
-            print(f"{config.source}: warning: {warning}")
+        for starving in starvation_warnings(config):
+            print(f"{config.source}: warning: {starving}")
         print(f"{config.source}: OK ({len(config.listeners)} listeners, {len(config.upstreams)} upstreams, "
               f"{len(config.routes)} routes)")
+        # Against the hard limit: `gateway serve` raises the soft one to it.
+        too_many = fdlimit.open_file_warning(config, fdlimit.open_file_limit()[1])
+        if too_many is not None:
+            print(f"{config.source}: warning: {too_many}", file=sys.stderr)
         return 0
     if args.command == "routes":
         from gateway.routing import RouteTable
@@ -140,6 +144,10 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"gateway: --workers {args.workers}: {exc}", file=sys.stderr)
         return 2
+    limit = fdlimit.raise_open_file_limit()  # each worker too: they may be started with other limits
+    warning = fdlimit.open_file_warning(config, limit)
+    if warning is not None and args.worker_index is None:  # once, not once per worker
+        logging.getLogger(__name__).warning("%s", warning)
     import prometheus_client
 
     # `_created` series double the series count for no use on a dashboard.

@@ -7,16 +7,31 @@ import abc
 import asyncio
 import functools
 import logging
+import re
 import socket
+import ssl
 import zlib
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from aiohttp import web
+from aiohttp import hdrs, web
 from aiohttp.abc import AbstractAccessLogger
-from aiohttp.http_exceptions import BadHttpMessage, LineTooLong
+from aiohttp.http import HttpVersion11, RawRequestMessage
+from aiohttp.http_exceptions import (
+    BadHttpMessage,
+    BadHttpMethod,
+    BadStatusLine,
+    ContentEncodingError,
+    ContentLengthError,
+    InvalidHeader,
+    InvalidURLError,
+    LineTooLong,
+    TransferEncodingError,
+)
 from aiohttp.web_protocol import RequestHandler
+from multidict import CIMultiDict, CIMultiDictProxy
 
+from gateway.acceptor import Acceptor, RefusalLog, bind
 from gateway.auth import Authenticator
 from gateway.budget import Reservation
 from gateway.config import ListenerConfig
@@ -372,24 +387,89 @@ def auth_middleware(authenticator: Authenticator, public_paths: frozenset[str],
 
 Render = Callable[[GatewayError, "int | None"], web.StreamResponse]
 
+# Set on an HTTP/1.1 request that carried `Expect` (its value) until the
+# guard answers `100 Continue`. The header is hidden from aiohttp, which
+# would send the 100 before any middleware could refuse the request.
+_EXPECT = web.RequestKey("gateway_expect", str)
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+
 
 class ListenerGuard:
     """Counts one listener's connections and requests in flight (issue 9).
 
     Requests past ``max_requests`` are refused at once as OVERLOADED; they
-    never wait in a queue. Connections past ``max_connections`` get that
-    answer to their first request and are closed; past twice as many they
-    are closed without an answer, so a flood costs no more than a socket.
+    never wait in a queue. A connection accepted at ``max_connections``
+    makes room by closing the connection idle the longest (waiting for its
+    next request head, or still in its TLS handshake), as nginx does. Only
+    when none is idle is it over the limit: it gets the OVERLOADED answer to
+    its first request and is closed; past twice the limit it is closed at
+    once, so a flood costs no more than a socket. Refusals are logged,
+    rate-limited (``refusals``).
     """
 
-    def __init__(self, max_connections: int, max_requests: int, render: Render,
+    def __init__(self, listener: str, max_connections: int, max_requests: int, max_body: int, render: Render,
                  probe_paths: frozenset[str] = frozenset()) -> None:
         self.max_connections = max_connections
         self.max_requests = max_requests
+        self.max_body = max_body  # a declared body over it is refused before `100 Continue`
         self.render = render
         self.probe_paths = probe_paths  # health probes: answered even when busy
-        self.connections = 0
+        self.connections = 0  # accepted and not closed yet
         self.requests = 0
+        self.refusals = RefusalLog(listener)
+        # Connections between requests, in the order they got there (oldest first).
+        self._waiting: dict[_GuardedRequestHandler, None] = {}
+
+    # --- connections (called by the listener's Acceptor and handlers) ---
+
+    def admit(self) -> bool | None:
+        """A connection was accepted: whether it is over the limit, or None
+        when it must be closed at once. It is counted from now."""
+        if self.connections >= self.max_connections:
+            self.close_oldest_idle()
+        if self.connections >= 2 * self.max_connections:
+            self.refusals.refused(f"past twice limits.max_connections ({self.max_connections}), none idle: "
+                                  "closed at once")
+            return None
+        self.connections += 1
+        over_limit = self.connections > self.max_connections
+        if over_limit:
+            self.refusals.refused(f"past limits.max_connections ({self.max_connections}), none idle: "
+                                  "answered overloaded")
+        return over_limit
+
+    def opened(self, handler: _GuardedRequestHandler, over_limit: bool) -> None:
+        """An admitted connection has its handler (it is not connected yet)."""
+        handler.over_limit = over_limit
+        handler.counted = True
+        self._waiting[handler] = None
+
+    def closed(self, handler: _GuardedRequestHandler) -> None:
+        """A connection is gone."""
+        if handler.counted:
+            handler.counted = False
+            self.connections -= 1
+            self._waiting.pop(handler, None)
+
+    def request_started(self, handler: _GuardedRequestHandler) -> None:
+        self._waiting.pop(handler, None)
+
+    def request_finished(self, handler: _GuardedRequestHandler) -> None:
+        if handler.counted:
+            self._waiting[handler] = None  # the newest to wait
+
+    def close_oldest_idle(self) -> bool:
+        """Close the connection idle the longest; False if none is idle."""
+        for handler in self._waiting:  # a few may be between states (lingering): skipped
+            if handler.idle:
+                self.closed(handler)
+                handler.evict()
+                log.debug("listener %s: closed the connection idle the longest (%s) to make room",
+                          self.refusals.listener, handler.peername)
+                return True
+        return False
+
+    # --- requests ---
 
     def middleware(self) -> Callable[..., Awaitable[web.StreamResponse]]:
         @web.middleware
@@ -398,11 +478,16 @@ class ListenerGuard:
             if getattr(request.protocol, "over_limit", False):
                 return self._refuse(request, f"the listener has more than {self.max_connections} connections "
                                              "(limits.max_connections); retry later", close=True)
-            if request.path in self.probe_paths:
-                return await handler(request)
-            if self.requests >= self.max_requests:
+            probe = request.path in self.probe_paths
+            if not probe and self.requests >= self.max_requests:
                 return self._refuse(request, f"the listener is handling {self.requests} requests, its limit "
                                              "(limits.max_concurrent_requests); retry later")
+            if _EXPECT in request:
+                refusal = await self._answer_expectation(request)
+                if refusal is not None:
+                    return refusal
+            if probe:
+                return await handler(request)
             self.requests += 1
             try:
                 response = await handler(request)
@@ -414,13 +499,33 @@ class ListenerGuard:
 
         return admit
 
+    async def _answer_expectation(self, request: web.Request) -> web.StreamResponse | None:
+        """What the head alone decides comes before `100 Continue`: 417 for
+        another expectation, 413 for a declared body over the limit, an
+        unknown route (answered 404/405 by the chain). Then ask for the body."""
+        if request[_EXPECT].strip().lower() != "100-continue":
+            return self._refuse_with(request, HttpStatusError(
+                ErrorKind.UNSUPPORTED, "the only expectation supported is 'Expect: 100-continue'", 417))
+        if request.match_info.http_exception is not None:
+            return None
+        declared = request.content_length
+        if declared is not None and declared > self.max_body:
+            return self._refuse_with(request, too_large(
+                f"request body of {declared} bytes exceeds the limit of {self.max_body} bytes"))
+        await request.writer.write(_CONTINUE)
+        request.writer.output_size = 0  # as aiohttp's own expect handler: the answer has not started
+        del request[_EXPECT]
+        return None
+
     def _refuse(self, request: web.Request, message: str, close: bool = False) -> web.StreamResponse:
-        error = GatewayError(ErrorKind.OVERLOADED, message)
-        note_error(request, error)
-        response = self.render(error, None)
+        response = self._refuse_with(request, GatewayError(ErrorKind.OVERLOADED, message))
         if close:
             response.force_close()
         return response
+
+    def _refuse_with(self, request: web.Request, error: GatewayError) -> web.StreamResponse:
+        note_error(request, error)
+        return self.render(error, getattr(error, "http_status", None))
 
 
 class _GuardedRequestHandler(RequestHandler):
@@ -428,23 +533,55 @@ class _GuardedRequestHandler(RequestHandler):
     malformed HTTP (oversized or too many headers, a bad request line)
     answered in the protocol's own error form instead of a text page."""
 
+    guard: ListenerGuard
     over_limit = False
-    _counted = False
+    counted = False  # by the guard, until closed
+    connecting: asyncio.Task[Any] | None = None  # the task connecting it (TLS handshake)
+    answered = True  # no request in progress, and the last one's body read to its end
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        guard: ListenerGuard = self._manager.guard  # type: ignore[union-attr]
-        guard.connections += 1
-        self._counted = True
-        self.over_limit = guard.connections > guard.max_connections
-        super().connection_made(transport)
-        if guard.connections > 2 * guard.max_connections:
-            transport.close()
+    @property
+    def idle(self) -> bool:
+        """No request in progress or queued: waiting for the next request
+        head (or about to), or still in its TLS handshake."""
+        if self.transport is None:
+            return True
+        if self._messages:  # a pipelined request, parsed
+            return False
+        waiter = self._waiter
+        return not waiter.done() if waiter is not None else self.answered
+
+    def evict(self) -> None:
+        if self.transport is not None:
+            self.force_close()  # as aiohttp's keep-alive timeout closes an idle connection
+        elif self.connecting is not None:
+            self.connecting.cancel()
 
     def connection_lost(self, exc: BaseException | None) -> None:
-        if self._counted and self._manager is not None:
-            self._manager.guard.connections -= 1  # type: ignore[attr-defined]
-            self._counted = False
+        self.guard.closed(self)
         super().connection_lost(exc)
+
+    async def _handle_request(self, request: web.BaseRequest, start_time: float | None,
+                              request_handler: Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
+                              ) -> tuple[web.StreamResponse, bool]:
+        self.guard.request_started(self)
+        self.answered = False
+        try:
+            return await super()._handle_request(request, start_time, request_handler)
+        finally:
+            # With some of the body unread, aiohttp now reads and drops it
+            # (lingering) so the client sees the answer: not idle until done.
+            self.answered = request.content.is_eof()
+            self.guard.request_finished(self)
+
+    async def finish_response(self, request: web.BaseRequest, resp: web.StreamResponse, start_time: float | None
+                              ) -> tuple[web.StreamResponse, bool]:
+        if _EXPECT in request:
+            # Answered without `100 Continue` (refused from its head): the
+            # client holds its body back, so neither wait for it (aiohttp
+            # would, up to its lingering time) nor keep the connection.
+            resp.force_close()
+            self._lingering_time = 0.0
+        return await super().finish_response(request, resp, start_time)
 
     def handle_error(self, request: Any, status: int = 500, exc: BaseException | None = None,
                      message: str | None = None) -> web.StreamResponse:
@@ -455,20 +592,121 @@ class _GuardedRequestHandler(RequestHandler):
                 ErrorKind.TOO_LARGE, "the request line or headers are over limits.max_header_line_bytes or "
                 "limits.max_headers", 431)
         else:
-            error = malformed(f"malformed HTTP request: {str(message or exc)[:200]}")
-        self.log_debug("refused a malformed HTTP request: %s", exc)
-        response = self._manager.guard.render(error, getattr(error, "http_status", status))  # type: ignore[attr-defined]
+            # Never the parser's full text: it quotes the offending line (a token, say).
+            error = malformed(f"malformed HTTP request: {parse_failure(exc)}")
+        log.debug("refused a malformed HTTP request from %s: %s (%s)", request.remote, error.message,
+                  type(exc).__name__)
+        response = self.guard.render(error, getattr(error, "http_status", status))
         response.force_close()
         return response
 
 
+# What the parser's messages say without the data they quote: llhttp's
+# reasons are fixed texts; aiohttp's pure-Python parser quotes the line.
+_PARSER_REASON = re.compile(r"[A-Za-z][A-Za-z0-9 ,./_-]{0,80}")
+_FAILURE_OF_CLASS: tuple[tuple[type[BaseException], str], ...] = (
+    (BadHttpMethod, "bad method in the request line"),
+    (BadStatusLine, "bad request line"),
+    (InvalidURLError, "bad request target"),
+    (InvalidHeader, "bad header"),
+    (TransferEncodingError, "bad Transfer-Encoding"),
+    (ContentLengthError, "bad Content-Length"),
+    (ContentEncodingError, "bad Content-Encoding"),
+)
+
+
+def parse_failure(exc: BaseException | None) -> str:
+    """A fixed description of why a request could not be parsed, quoting
+    nothing the client sent."""
+    text = str(getattr(exc, "message", "") or "")
+    reason = text.split(":\n", 1)[0]  # llhttp: "<reason>:\n\n  b'<data>'\n  ^"
+    if _PARSER_REASON.fullmatch(reason):
+        return reason
+    for cls, description in _FAILURE_OF_CLASS:
+        if isinstance(exc, cls):
+            return description
+    return "the request could not be parsed"
+
+
+def _hiding_expect(make: Callable[..., web.BaseRequest]) -> Callable[..., web.BaseRequest]:
+    """A request factory that takes `Expect` out of the headers aiohttp sees
+    and notes it on the request (HTTP/1.1; HTTP/1.0 ignores it, RFC 9110)."""
+
+    def request(message: RawRequestMessage, *args: Any) -> web.BaseRequest:
+        expect = message.headers.get(hdrs.EXPECT)
+        if expect is None:
+            return make(message, *args)
+        headers = CIMultiDict(message.headers)
+        headers.popall(hdrs.EXPECT)
+        raw = tuple(pair for pair in message.raw_headers if pair[0].lower() != b"expect")
+        made = make(message._replace(headers=CIMultiDictProxy(headers), raw_headers=raw), *args)
+        if message.version == HttpVersion11:
+            made[_EXPECT] = expect
+        return made
+
+    return request
+
+
 class _GuardedServer(web.Server):
-    """aiohttp's protocol factory, making :class:`_GuardedRequestHandler` s."""
+    """aiohttp's protocol factory, making :class:`_GuardedRequestHandler` s;
+    the listener's :class:`~gateway.acceptor.Gate`."""
 
     guard: ListenerGuard
 
+    def install(self, guard: ListenerGuard) -> None:
+        self.guard = guard
+        self.request_factory = _hiding_expect(self.request_factory)
+
     def __call__(self) -> RequestHandler:
-        return _GuardedRequestHandler(self, loop=self._loop, **self._kwargs)
+        return self._handler()
+
+    def _handler(self) -> _GuardedRequestHandler:
+        handler = _GuardedRequestHandler(self, loop=self._loop, **self._kwargs)
+        handler.guard = self.guard
+        return handler
+
+    def admit(self) -> asyncio.BaseProtocol | None:
+        over_limit = self.guard.admit()
+        if over_limit is None:
+            return None
+        handler = self._handler()
+        self.guard.opened(handler, over_limit)
+        return handler
+
+    def connecting(self, protocol: asyncio.BaseProtocol, task: asyncio.Task[None]) -> None:
+        assert isinstance(protocol, _GuardedRequestHandler)
+        protocol.connecting = task
+
+    def failed(self, protocol: asyncio.BaseProtocol) -> None:
+        assert isinstance(protocol, _GuardedRequestHandler)
+        self.guard.closed(protocol)
+
+    def free_idle(self) -> bool:
+        return self.guard.close_oldest_idle()
+
+
+class _GuardedSite(web.BaseSite):
+    """aiohttp's TCPSite, accepting through an :class:`~gateway.acceptor.Acceptor`."""
+
+    __slots__ = ("_host", "_port", "_reuse_port")
+
+    def __init__(self, runner: web.BaseRunner, host: str, port: int, *, ssl_context: ssl.SSLContext | None,
+                 reuse_port: bool) -> None:
+        super().__init__(runner, ssl_context=ssl_context)
+        self._host, self._port, self._reuse_port = host, port, reuse_port
+
+    @property
+    def name(self) -> str:
+        return f"{'https' if self._ssl_context else 'http'}://{self._host}:{self._port}"
+
+    async def start(self) -> None:
+        await super().start()
+        server = self._runner.server
+        assert isinstance(server, _GuardedServer)
+        sockets = await bind(self._host, self._port, self._reuse_port, self._backlog)
+        acceptor = Acceptor(sockets, server, server.guard.refusals, self._ssl_context, self._backlog)
+        acceptor.start()
+        self._server = acceptor
 
 
 class HttpFrontend(Frontend):
@@ -505,8 +743,9 @@ class HttpFrontend(Frontend):
         guard = getattr(self, "_guard", None)
         if guard is None:
             limits = self.services.config.limits
-            guard = self._guard = ListenerGuard(limits.max_connections, limits.max_concurrent_requests,
-                                                self.render_error, self.probe_paths)
+            guard = self._guard = ListenerGuard(self.listener.name, limits.max_connections,
+                                                limits.max_concurrent_requests, self.max_body, self.render_error,
+                                                self.probe_paths)
         return guard
 
     def reservation(self, request: web.Request) -> Reservation:
@@ -584,18 +823,18 @@ class HttpFrontend(Frontend):
                                      max_line_size=limits.max_header_line_bytes,
                                      max_field_size=limits.max_header_line_bytes, max_headers=limits.max_headers)
         await self._runner.setup()
-        # Counted connections and protocol-form answers to malformed HTTP:
-        # aiohttp builds its Server inside setup(), so its class is narrowed here.
+        # Counted connections, our own accept loop, protocol-form answers to
+        # malformed HTTP: aiohttp builds its Server inside setup(), so its
+        # class is narrowed here.
         factory = self._runner.server
         assert factory is not None
         factory.__class__ = _GuardedServer
-        factory.guard = self.guard  # type: ignore[attr-defined]
+        factory.install(self.guard)  # type: ignore[attr-defined]
         address = self.listener.address
         # SO_REUSEPORT only under `gateway serve --workers N` (services.reuse_port).
         self._tls = ServerTls(self.listener.tls) if self.listener.tls is not None else None
-        site = web.TCPSite(self._runner, address.host, address.port, reuse_address=True,
-                           reuse_port=self.services.reuse_port or None,
-                           ssl_context=self._tls.ssl_context if self._tls is not None else None)
+        site = _GuardedSite(self._runner, address.host, address.port, reuse_port=self.services.reuse_port,
+                            ssl_context=self._tls.ssl_context if self._tls is not None else None)
         await site.start()
         server = site._server  # aiohttp exposes bound sockets only here
         sockets = getattr(server, "sockets", None) or []

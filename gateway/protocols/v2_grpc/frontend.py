@@ -111,6 +111,9 @@ def server_options(max_message_bytes: int, reuse_port: bool = False, limits: Lim
             ("grpc.max_metadata_size", limits.max_grpc_metadata_bytes),
             ("grpc.absolute_max_metadata_size", limits.max_grpc_metadata_bytes),
             # grpc closes connections past this at once (the client sees UNAVAILABLE).
+            # It cannot close an idle connection to make room, as the HTTP
+            # listeners do: one holds its slot until max_connection_idle_ms
+            # below (docs/security.md#connections).
             # Streams per connection stay unbounded on purpose: an HTTP/2 limit would
             # make clients queue calls; the handler refuses them instead.
             ("grpc.max_allowed_incoming_connections", limits.max_connections),
