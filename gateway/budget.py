@@ -42,12 +42,10 @@ def json_decode_cost(values: int, containers: int) -> int:
 class InflightBudget:
     """One worker's budget of bytes in flight."""
 
-    def __init__(self, limit: int, on_change: Callable[[int], None] | None = None,
-                 on_refusal: Callable[[], None] | None = None) -> None:
+    def __init__(self, limit: int, on_refusal: Callable[[], None] | None = None) -> None:
         self.limit = limit
-        self.used = 0
+        self.used = 0  # sampled into the gateway_inflight_bytes gauge
         self._lock = threading.Lock()  # decoders in the offload pool charge too
-        self._on_change = on_change or (lambda used: None)  # the in-flight gauge
         self._on_refusal = on_refusal or (lambda: None)  # the refusal counter
 
     def reserve(self, size: int = 0) -> Reservation:
@@ -60,23 +58,17 @@ class InflightBudget:
             raise too_large(f"the request needs {held + size} bytes in flight, over "
                             f"limits.max_inflight_bytes ({self.limit})")
         with self._lock:
-            if self.used + size > self.limit:
-                refused = True
-            else:
-                refused = False
+            fits = self.used + size <= self.limit
+            if fits:
                 self.used += size
-                used = self.used
-        if refused:
+        if not fits:
             self._on_refusal()
             raise Saturated("the gateway is at its memory budget for requests in flight "
                             f"(limits.max_inflight_bytes, {self.limit} bytes); retry later")
-        self._on_change(used)
 
     def _give_back(self, size: int) -> None:
         with self._lock:
             self.used -= size
-            used = self.used
-        self._on_change(used)
 
 
 class Reservation:
@@ -87,6 +79,10 @@ class Reservation:
     def __init__(self, budget: InflightBudget) -> None:
         self._budget = budget
         self.size = 0
+
+    @property
+    def budget_limit(self) -> int:
+        return self._budget.limit
 
     def grow(self, size: int) -> None:
         """Hold ``size`` more bytes, or raise Saturated holding nothing more."""
@@ -105,15 +101,34 @@ async def admit_json(body: bytes | bytearray | memoryview, reservation: Reservat
     """Check a JSON text's nesting and size and charge what parsing it will
     build, before anything parses it. Big texts are scanned in the pool."""
     size = len(body)
-    if size < offload.min_bytes:
-        text = bytes(body) if isinstance(body, memoryview) else body
-        if text.count(b"[") + text.count(b"{") <= min(limits.max_json_depth, limits.max_json_containers):
-            reservation.grow(size * SMALL_JSON_FACTOR)  # within every bound, whatever the strings hold
+    text = _whole(body)
+    small = size < offload.min_bytes
+    opens, commas = _counts(text) if small else await offload.run(size, _counts, text)
+    if opens <= min(limits.max_json_depth, limits.max_json_containers):
+        # Within both bounds whatever the strings hold. Commas in strings
+        # make the count larger than the values: good enough unless that
+        # could matter (a big text of comma-separated strings is scanned).
+        cost = size * SMALL_JSON_FACTOR if small else json_decode_cost(commas + 1, opens)
+        if small or cost <= reservation.budget_limit // 4:
+            reservation.grow(cost)
             return
     shape = await offload.run(size, scan_json, body)
     check_depth(shape.depth, limits.max_json_depth, what)
     if shape.containers > limits.max_json_containers:
         raise too_large(f"{what} holds {shape.containers} JSON arrays and objects, over "
                         f"limits.max_json_containers ({limits.max_json_containers})")
-    reservation.grow(json_decode_cost(shape.values, shape.containers) if size >= offload.min_bytes
-                     else size * SMALL_JSON_FACTOR)
+    reservation.grow(size * SMALL_JSON_FACTOR if small else json_decode_cost(shape.values, shape.containers))
+
+
+def _counts(text: bytes | bytearray) -> tuple[int, int]:
+    """Opening brackets and commas, strings included (C-speed counts)."""
+    return text.count(b"[") + text.count(b"{"), text.count(b",")
+
+
+def _whole(body: bytes | bytearray | memoryview) -> bytes | bytearray:
+    """``body``'s bytes, uncopied when it views all of a bytes object."""
+    if not isinstance(body, memoryview):
+        return body
+    if isinstance(body.obj, bytes | bytearray) and body.nbytes == len(body.obj):
+        return body.obj
+    return body.tobytes()

@@ -17,7 +17,6 @@ from gateway import __version__, fdlimit
 from gateway.config import GatewayConfig, load_config, starvation_warnings
 from gateway.confignode import ConfigError
 from gateway.logwriter import StderrHandler, install_stderr_logging
-from gateway.offload import prefer_the_loop
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
@@ -164,7 +163,6 @@ def main(argv: list[str] | None = None) -> int:
         prepare = functools.partial(worker_config, ports=args.worker_ports)
         config = prepare(config)
     _install_uvloop()
-    prefer_the_loop()
     asyncio.run(_serve(config, args.config, args.port_file, args.worker_index, args.worker_restarted, prepare))
     return 0
 

@@ -311,6 +311,9 @@ def observing_middleware(frontend: Frontend) -> Callable[..., Awaitable[web.Stre
             raise
         finally:
             in_flight.dec()
+            held = request.get(RESERVATION)  # what it held of the memory budget
+            if held is not None:
+                held.release()
         _echo_ids(response.headers, ctx)
         return response
 
@@ -750,7 +753,7 @@ class HttpFrontend(Frontend):
 
     def reservation(self, request: web.Request) -> Reservation:
         """What this request holds of the memory budget (released when its
-        handler ends, by :meth:`_release_budget`)."""
+        handler ends, by the observing middleware)."""
         held = request.get(RESERVATION)
         if held is None:
             held = request[RESERVATION] = self.services.budget.reserve()
@@ -777,23 +780,12 @@ class HttpFrontend(Frontend):
     def new_app(self, middlewares: list[Callable[..., Awaitable[Any]]]) -> web.Application:
         # aiohttp's own 1 MiB default is far too small for tensors; the body
         # limit is applied deliberately, one byte over so our check answers.
-        first: list[Callable[..., Awaitable[Any]]] = [observing_middleware(self), self._release_budget,
-                                                      self._close_when_draining]
+        first: list[Callable[..., Awaitable[Any]]] = [observing_middleware(self), self._close_when_draining]
         if self.listener.auth is not None:  # tokens are read here, when the listener starts
             self._authenticator = Authenticator(self.listener.auth)
             first.append(auth_middleware(self._authenticator, self.probe_paths, self.render_error))
         first.append(self.guard.middleware())
         return web.Application(client_max_size=self.max_body + 1, middlewares=[*first, *middlewares])
-
-    @web.middleware
-    async def _release_budget(self, request: web.Request, handler: Any) -> web.StreamResponse:
-        try:
-            response: web.StreamResponse = await handler(request)
-            return response
-        finally:
-            held = request.get(RESERVATION)
-            if held is not None:
-                held.release()
 
     @web.middleware
     async def _close_when_draining(self, request: web.Request, handler: Any) -> web.StreamResponse:

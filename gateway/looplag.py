@@ -22,9 +22,13 @@ INTERVAL = 0.05
 class LoopLagMonitor:
     """``start()`` on the running loop; ``await stop()`` ends it."""
 
-    def __init__(self, observe: Callable[[float], None], interval: float = INTERVAL) -> None:
+    def __init__(self, observe: Callable[[float], None], interval: float = INTERVAL,
+                 sample: Callable[[], None] | None = None) -> None:
         self._observe = observe
         self.interval = interval
+        # Also the tick of gauges sampled rather than set on every change (the
+        # memory budget in use changes several times per request).
+        self._sample = sample or (lambda: None)
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -44,3 +48,4 @@ class LoopLagMonitor:
             await asyncio.sleep(self.interval)
             # A timer may fire up to the clock's resolution early: no negative lag.
             self._observe(max(0.0, time.monotonic() - asked))
+            self._sample()

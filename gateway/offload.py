@@ -32,16 +32,14 @@ T = TypeVar("T")
 OFFLOAD_MIN_BYTES = 64 << 10
 DEFAULT_THREADS = 2
 # How long a pool thread running Python may keep the GIL while the loop
-# waits for it. The loop takes and gives the GIL back around every poll, so
-# at CPython's default (5 ms) a probe answered in five loop turns waits up to
-# 25 ms behind one busy decoder; at 1 ms, 5 ms. Pool threads pay a few more
-# switches, microseconds each.
-SWITCH_INTERVAL = 0.001
-
-
-def prefer_the_loop() -> None:
-    """Set the interpreter's switch interval for a serving process."""
-    sys.setswitchinterval(SWITCH_INTERVAL)
+# waits for it, while the pool works. The loop gives the GIL up in every
+# system call (accept, recv, send, the poll) and waits up to this long to
+# take it back, several times per request: at CPython's default (5 ms) a
+# health probe took 40-80 ms behind a busy decoder, at 1 ms 25-50 ms, at
+# 0.2 ms 8-17 ms (tests/peers/stall_attack.py, BYTES elements). Only while
+# the pool works: at other times a short interval costs switches with
+# grpc's poller thread for nothing (~0.09 ms per gRPC call at 1 ms).
+BUSY_SWITCH_INTERVAL = 0.0002
 
 
 class Offloader:
@@ -55,9 +53,10 @@ class Offloader:
         self.min_bytes = min_bytes
         self._threads = threads
         self._pool: ThreadPoolExecutor | None = None
-        self._gc_lock = threading.Lock()
-        self._gc_pausers = 0
+        self._busy_lock = threading.Lock()
+        self._busy = 0  # pool calls under way
         self._gc_was_enabled = False
+        self._idle_switch_interval = sys.getswitchinterval()
 
     def _executor(self) -> ThreadPoolExecutor:
         if self._pool is None:  # made on first use: most configs never need it
@@ -73,22 +72,27 @@ class Offloader:
         return await asyncio.get_running_loop().run_in_executor(self._executor(), call)
 
     def _without_gc(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """``fn`` with the cycle collector paused: decoding a big JSON text
-        makes millions of lists in one C call that holds the GIL, and each
-        full collection it triggers walks them all again (measured: 1.2 s
-        instead of 0.24 s for 4 M lists). Nothing decoded here is cyclic."""
-        with self._gc_lock:
-            if self._gc_pausers == 0:
+        """``fn`` with the cycle collector paused and the short switch
+        interval on. Decoding a big JSON text makes millions of lists in one
+        C call that holds the GIL, and each full collection it triggers
+        walks them all again (measured: 1.2 s instead of 0.24 s for 4 M
+        lists). Nothing decoded here is cyclic."""
+        with self._busy_lock:
+            if self._busy == 0:
                 self._gc_was_enabled = gc.isenabled()
                 gc.disable()
-            self._gc_pausers += 1
+                self._idle_switch_interval = sys.getswitchinterval()
+                sys.setswitchinterval(BUSY_SWITCH_INTERVAL)
+            self._busy += 1
         try:
             return fn(*args, **kwargs)
         finally:
-            with self._gc_lock:
-                self._gc_pausers -= 1
-                if self._gc_pausers == 0 and self._gc_was_enabled:
-                    gc.enable()
+            with self._busy_lock:
+                self._busy -= 1
+                if self._busy == 0:
+                    sys.setswitchinterval(self._idle_switch_interval)
+                    if self._gc_was_enabled:
+                        gc.enable()
 
     def close(self) -> None:
         if self._pool is not None:

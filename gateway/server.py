@@ -121,8 +121,7 @@ class Gateway:
             tracing=Tracing(config.observability.tracing, version, worker)
             if config.observability.tracing.enabled else None,
             statistics=StatisticsStore(config.observability.metrics.max_model_labels),
-            budget=InflightBudget(config.limits.max_inflight_bytes, metrics.inflight_bytes.set,
-                                  metrics.budget_refusals.inc))
+            budget=InflightBudget(config.limits.max_inflight_bytes, metrics.budget_refusals.inc))
         self.counters = counters or Counters()
         self.dataplane = DataPlane(config, self.services, self.counters)
         self.frontends: dict[str, Frontend] = {}
@@ -131,7 +130,9 @@ class Gateway:
         self._stopped = asyncio.Event()
         self._reload_lock = asyncio.Lock()
         self._watcher: asyncio.Task[None] | None = None
-        self._loop_lag = LoopLagMonitor(metrics.observe_loop_lag)
+        budget = self.services.budget
+        self._loop_lag = LoopLagMonitor(metrics.observe_loop_lag,
+                                        sample=lambda: metrics.inflight_bytes.set(budget.used))
 
     @property
     def ports(self) -> dict[str, int]:

@@ -100,9 +100,9 @@ def element_count(shape: Any, where: str, max_elements: int | None = None) -> in
             empty = True
         else:
             span *= dim  # at most MAX_DIMS factors: a few thousand bits at worst
-    shown = _shown_shape(shape)
     bound = MAX_SPAN if max_elements is None else min(max_elements, MAX_SPAN)
     if span > bound:
+        shown = _shown_shape(shape)
         if empty:
             raise invalid(f"{where}: shape {shown} has no elements, but its other dimensions multiply to {span}, "
                           f"over the limit of {bound}")

@@ -302,8 +302,8 @@ def array_from_raw(buffer: memoryview, datatype: str, shape: tuple[int, ...], co
     return np.frombuffer(buffer, dtype=NUMPY_DTYPES[datatype]).reshape(shape)
 
 
-# Elements made per numpy call on the uniform path: each call holds the GIL,
-# so it stays a few milliseconds long.
+# BYTES elements made or stored per numpy call: each call holds the GIL, so
+# it stays well under a millisecond long.
 _UNIFORM_CHUNK = 1 << 16
 
 
@@ -359,7 +359,8 @@ def bytes_from_raw(buffer: memoryview, shape: tuple[int, ...], count: int, where
     if offset != end:
         raise invalid(f"{where}: has more BYTES elements than shape {list(shape)} holds")
     array = np.empty(count, dtype=object)
-    array[:] = items
+    for start in range(0, count, _UNIFORM_CHUNK):  # each step holds the GIL: keep it short
+        array[start:start + _UNIFORM_CHUNK] = items[start:start + _UNIFORM_CHUNK]
     return array.reshape(shape)
 
 
@@ -484,6 +485,8 @@ def decode_infer_request(body: bytes | bytearray, header_length: str | None, mod
 
 
 _ESCAPED_COLONS = (b"\\u003a", b"\\u003A")
+# Below this size a body's parsed JSON is written back whole for the count.
+_SKELETON_MIN_BYTES = 64 << 10
 
 
 def _single_keys(text: bytes | bytearray, obj: dict[str, Any]) -> bool:
@@ -502,6 +505,8 @@ def _single_keys(text: bytes | bytearray, obj: dict[str, Any]) -> bool:
     in_text = text.count(b":")
     if text.find(b"\\") != -1:  # one fast scan; numeric bodies have no escapes to count
         in_text += sum(text.count(escaped) for escaped in _ESCAPED_COLONS)
+    if len(text) < _SKELETON_MIN_BYTES:  # written back whole: cheaper than building the skeleton
+        return in_text == orjson.dumps(obj).count(b":")
     skeleton = dict(obj)
     skeleton["inputs"] = [{**item, "data": None} if "data" in item and item.get("datatype") != "BYTES" else item
                           for item in obj["inputs"]]
