@@ -156,7 +156,7 @@ class V2RestFrontend(HttpFrontend):
         infer_request.inputs = []
         infer_request.raw = None
         del body
-        size = _answer_size(response, route)
+        size = _answer_size(response, infer_request, route)
         reservation.grow(size)  # what encoding builds, charged before it is built
         started = time.perf_counter()
         parts, headers = await offload.run(size, _answer, response, infer_request, route, ctx)
@@ -194,17 +194,19 @@ def _answer(response: InferResponse, request: InferRequest, route: Route,
                                       response.model_version if rewrite.version is not None else None)
 
 
-def _answer_size(response: InferResponse, route: Route) -> int:
+def _answer_size(response: InferResponse, request: InferRequest, route: Route) -> int:
     """An upper estimate of what :func:`_answer` builds: charged to the
     memory budget, and it chooses where the encoding runs."""
     raw = response.raw
     if raw is not None and raw.protocol == PROTOCOL:
         rewrite = route.config.rewrite
         return 0 if rewrite.model is None and rewrite.version is None else len(raw.body)
-    # JSON text of a number takes at most ~3 times its binary size; a BYTES
-    # element becomes a Python str (or length-prefixed bytes) on the way.
-    return sum(tensor.data.size * BYTES_ELEMENT_COST if tensor.datatype == "BYTES" else 3 * tensor.data.nbytes
-               for tensor in response.outputs)
+    # A binary number is a view of its array, JSON text of it takes at most
+    # ~3 times its size; a BYTES element becomes a Python str (JSON) or a
+    # length-prefixed copy on the way.
+    return sum(tensor.data.size * BYTES_ELEMENT_COST if tensor.datatype == "BYTES"
+               else (tensor.data.nbytes if binary else 3 * tensor.data.nbytes)
+               for tensor, binary in zip(response.outputs, codec.output_binary_flags(response, request), strict=True))
 
 
 def _compression(request: web.Request, size: int) -> web.ContentCoding | None:
