@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 
 from gateway.config import AccessLogConfig
-from gateway.logwriter import LineWriter
+from gateway.logwriter import ACCESS_LOG_LINGER, LineWriter
 from gateway.observe import RequestRecord, trace_id
 from gateway.types import RequestContext
 
@@ -83,7 +83,8 @@ class AccessLog:
         self.worker = worker
         self._clock = _Clock()
         self._writer = None if fd is None else LineWriter(
-            fd, path=path, owns_fd=owns_fd, max_bytes=MAX_QUEUED_BYTES, name="access log writer", on_drop=on_drop)
+            fd, path=path, owns_fd=owns_fd, max_bytes=MAX_QUEUED_BYTES, name="access log writer", on_drop=on_drop,
+            linger=ACCESS_LOG_LINGER)
 
     @classmethod
     def open(cls, config: AccessLogConfig, worker: int | None = None,

@@ -28,9 +28,10 @@ LINE_OVERHEAD = 64
 # Wait this long for a non-blocking descriptor to take bytes, then look again
 # whether the writer was abandoned.
 WRITABLE_POLL = 0.5
-# How long the thread waits for more lines before it sleeps until woken:
-# the most a line waits in the queue while lines keep coming.
-LINGER = 0.002
+# How long the access log's thread waits for more lines before it sleeps
+# until woken: the most a line waits in the queue while lines keep coming.
+# (The diagnostic log's thread does not linger: its records are rare.)
+ACCESS_LOG_LINGER = 0.002
 # Seconds between two warnings that lines are being dropped.
 WARN_INTERVAL = 60.0
 
@@ -49,11 +50,12 @@ class LineWriter:
 
     def __init__(self, fd: int, *, path: str | None = None, owns_fd: bool = False, max_bytes: int,
                  name: str = "line writer", on_drop: Callable[[int], None] | None = None,
-                 warn: bool = True) -> None:
+                 warn: bool = True, linger: float = 0.0) -> None:
         self.fd = fd
         self.path = path
         self.name = name
         self.max_bytes = max_bytes
+        self.linger = linger
         self.on_drop = on_drop
         self.dropped = 0  # lines lost: queue full or write failed
         self._owns_fd = owns_fd
@@ -151,7 +153,7 @@ class LineWriter:
     def _next_batch(self) -> tuple[bytes, int] | None:
         """Whole lines up to PIPE_BUF bytes (at least one line); None to stop."""
         with self._cond:
-            lingered = False
+            lingered = self.linger <= 0
             while not self._lines and not self._reopen and not self._closing:
                 if not lingered:
                     # Stay awake a moment first: puts do not wake a thread that
@@ -159,7 +161,7 @@ class LineWriter:
                     # one batch instead of each waking the thread (~25 µs of
                     # CPU per request under load, measured).
                     lingered = True
-                    self._cond.wait(LINGER)
+                    self._cond.wait(self.linger)
                     continue
                 self._idle = True
                 self._cond.wait()

@@ -190,7 +190,7 @@ def test_open_file_limit_is_raised_and_its_exhaustion_logged(tmp_path: Path) -> 
     gw = GatewayProcess(config, tmp_path / "gateway.log", {**nofile_env(64, 160), "GW_TEST_TOKEN": TOKEN},
                         module="peers.nofile_gateway")
     with gw:
-        log = gw.log()
+        log = wait_for(lambda: "over the open-file limit of 160" in (text := gw.log()) and text, 5, "the warnings")
         assert "raised the open-file limit (RLIMIT_NOFILE) from 64 to 160" in log
         assert "over the open-file limit of 160" in log  # 2 listeners x 1024 connections
         port = gw.ports["rest"]
@@ -200,7 +200,8 @@ def test_open_file_limit_is_raised_and_its_exhaustion_logged(tmp_path: Path) -> 
                 sock = connect(port)
                 clients.append(sock)
                 assert exchange(sock, LIVE)[0] == 200
-            refusals = [line for line in gw.log().splitlines() if "refused or delayed" in line]
+            refusals = wait_for(lambda: [line for line in gw.log().splitlines() if "refused or delayed" in line],
+                                5, "the first refusal logged")
             assert len(refusals) == 1 and "EMFILE" in refusals[0]  # once: the rest are counted
         finally:
             for sock in clients:

@@ -79,7 +79,11 @@ async def test_reload_under_load_switches_atomically_and_rejects_bad_files(tmp_p
             results = await load
             _, reloads = admin_call(gw, "/reload")
             at_end = scrape_metrics(gw)
-            log = gw.log()
+            # (the log is written by its own thread: the last lines may lag the answers)
+            expected = ("reload rejected, the running configuration keeps serving",
+                        "routes[0].split: weights must add up to 100, got 90")
+            log = wait_for(lambda: all(line in (text := gw.log()) for line in expected) and text, 5,
+                           "the rejected reloads logged")
     finally:
         a.stop()
         b.stop()

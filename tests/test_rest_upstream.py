@@ -21,7 +21,7 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from support import GatewayProcess, write_config
+from support import GatewayProcess, wait_for, write_config
 
 
 class _NoMetadataServer(ThreadingHTTPServer):
@@ -131,4 +131,5 @@ def test_auto_uses_binary_when_metadata_lists_it(gateway: GatewayProcess) -> Non
     answer proves the hop used binary tensors, as the metadata advertised."""
     raw = np.array([b"\xff\x00\xfe", b"ok"], dtype=np.object_)
     assert list(_infer(gateway, "identity", raw, "BYTES")) == list(raw)
-    assert "binary tensor extension listed, sending binary" in gateway.log()
+    # (the log is written by its own thread: the line may land just after the answer)
+    wait_for(lambda: "binary tensor extension listed, sending binary" in gateway.log(), 5, "the binary decision logged")

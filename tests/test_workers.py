@@ -115,7 +115,7 @@ def test_crashed_worker_is_restarted_and_its_counts_survive(workers: Workers) ->
     assert workers.metric("gateway_worker_restarts_total") == 1
     assert workers.metric("gateway_worker_processes") == 2  # the dead one's live gauge is gone
     assert alive(survivor) and alive(replacement)
-    assert "exited with signal 9; restarting" in workers.process.log()
+    wait_for(lambda: "exited with signal 9; restarting" in workers.process.log(), 5, "the restart logged")
 
 
 def run_dir_of(worker: int) -> Path:
