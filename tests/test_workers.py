@@ -111,7 +111,9 @@ def test_crashed_worker_is_restarted_and_its_counts_survive(workers: Workers) ->
     wait_for(lambda: workers.metric("gateway_worker_processes") == 2, 15, "the replacement to serve")
     workers.infer(40)
     assert wait_for(lambda: workers.infers_counted() == 60, 5, "60 counted, the dead worker's included")
-    assert workers.served_by()[index] > before[index], "the replacement took no requests"
+    # (the access log is written by its own thread: wait for the last lines)
+    assert wait_for(lambda: workers.served_by()[index] > before[index], 5, "the replacement's requests"), \
+        "the replacement took no requests"
     assert workers.metric("gateway_worker_restarts_total") == 1
     assert workers.metric("gateway_worker_processes") == 2  # the dead one's live gauge is gone
     assert alive(survivor) and alive(replacement)
