@@ -146,6 +146,7 @@ class Acceptor(asyncio.AbstractServer):
         self._connecting: set[asyncio.Task[None]] = set()
         self._paused: asyncio.TimerHandle | None = None
         self._serving = False
+        self._closed = asyncio.Event()
 
     @property
     def sockets(self) -> tuple[socket.socket, ...]:
@@ -176,6 +177,7 @@ class Acceptor(asyncio.AbstractServer):
         for task in list(self._connecting):
             task.cancel()
         self._refusals.close()
+        self._closed.set()
 
     async def wait_closed(self) -> None:
         if self._connecting:
@@ -186,7 +188,10 @@ class Acceptor(asyncio.AbstractServer):
             self.start()
 
     async def serve_forever(self) -> None:
-        raise NotImplementedError
+        """Accept until :meth:`close` (asyncio's Server contract)."""
+        if not self._serving:
+            self.start()
+        await self._closed.wait()
 
     def _stop_reading(self) -> None:
         for sock in self._sockets:

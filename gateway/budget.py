@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from gateway.errors import Saturated, too_large
-from gateway.limits import check_depth, scan_json
+from gateway.limits import check_depth, scan_json, whole_bytes
 from gateway.offload import Offloader
 
 if TYPE_CHECKING:
@@ -28,8 +28,6 @@ if TYPE_CHECKING:
 # lists cannot cost 20 times its size unannounced.
 JSON_BYTES_PER_VALUE = 48
 JSON_BYTES_PER_CONTAINER = 128
-
-
 # A small body is charged this many times its size, unscanned: more than
 # any JSON text can build (an empty list, 3 bytes with its comma, is ~64).
 SMALL_JSON_FACTOR = 24
@@ -48,10 +46,9 @@ class InflightBudget:
         self._lock = threading.Lock()  # decoders in the offload pool charge too
         self._on_refusal = on_refusal or (lambda: None)  # the refusal counter
 
-    def reserve(self, size: int = 0) -> Reservation:
-        reservation = Reservation(self)
-        reservation.grow(size)
-        return reservation
+    def reserve(self) -> Reservation:
+        """An empty reservation, grown as the request learns what it needs."""
+        return Reservation(self)
 
     def _take(self, held: int, size: int) -> None:
         if held + size > self.limit:  # never fits, however idle the gateway: no retry helps
@@ -101,7 +98,7 @@ async def admit_json(body: bytes | bytearray | memoryview, reservation: Reservat
     """Check a JSON text's nesting and size and charge what parsing it will
     build, before anything parses it. Big texts are scanned in the pool."""
     size = len(body)
-    text = _whole(body)
+    text = whole_bytes(body)
     small = size < offload.min_bytes
     opens, commas = _counts(text) if small else await offload.run(size, _counts, text)
     if opens <= min(limits.max_json_depth, limits.max_json_containers):
@@ -124,11 +121,3 @@ def _counts(text: bytes | bytearray) -> tuple[int, int]:
     """Opening brackets and commas, strings included (C-speed counts)."""
     return text.count(b"[") + text.count(b"{"), text.count(b",")
 
-
-def _whole(body: bytes | bytearray | memoryview) -> bytes | bytearray:
-    """``body``'s bytes, uncopied when it views all of a bytes object."""
-    if not isinstance(body, memoryview):
-        return body
-    if isinstance(body.obj, bytes | bytearray) and body.nbytes == len(body.obj):
-        return body.obj
-    return body.tobytes()

@@ -36,15 +36,21 @@ def bounded(message: str) -> str:
     return message if message.isascii() else _unicode_text(message)
 
 
-def _unicode_text(message: str) -> str:
-    """``message`` with lone surrogates (a header's non-UTF-8 bytes, a
-    ``"\\ud800"`` escape) written as escapes: every error encoder (orjson,
-    protobuf, the access log) refuses them."""
+def is_unicode(text: str) -> bool:
+    """False for text holding lone surrogates: a ``"\\ud800"`` escape from
+    JSON, or a header's non-UTF-8 bytes as aiohttp decodes them
+    (surrogateescape). Every encoder (orjson, protobuf, the access log)
+    refuses those."""
     try:
-        message.encode("utf-8")
+        text.encode("utf-8")
     except UnicodeEncodeError:
-        return message.encode("utf-8", "backslashreplace").decode("utf-8")
-    return message
+        return False
+    return True
+
+
+def _unicode_text(message: str) -> str:
+    """``message`` with lone surrogates written as escapes."""
+    return message if is_unicode(message) else message.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 class GatewayError(Exception):

@@ -131,8 +131,8 @@ RESERVATION = web.RequestKey("gateway_reservation", Reservation)
 _ABANDONED = web.RequestKey("gateway_body_abandoned", bool)
 
 
-async def read_body(request: web.Request, limit: int, timeout: float | None = None,
-                    offload: Offloader | None = None) -> bytes | bytearray:
+async def read_body(request: web.Request, limit: int, timeout: float | None, offload: Offloader
+                    ) -> bytes | bytearray:
     """The (decompressed) request body; TOO_LARGE past ``limit`` bytes,
     MALFORMED (HTTP 408) when it has not fully arrived within ``timeout`` s.
 
@@ -157,7 +157,6 @@ async def read_body(request: web.Request, limit: int, timeout: float | None = No
         raise HttpStatusError(ErrorKind.MALFORMED_REQUEST, f"the request body did not arrive within {timeout:g}s "
                               "(limits.body_timeout)", 408) from None
     if encoding in ("gzip", "deflate"):
-        offload = offload or Offloader()
         # sized by what it may inflate to (a thousandfold), not by what it is
         body = await offload.run(len(body) << 10, decompress, body, encoding, limit)
     return body

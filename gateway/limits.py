@@ -155,9 +155,13 @@ def scan_json(body: bytes | bytearray | memoryview) -> JsonShape:
     return JsonShape(deepest, values + 1, containers)
 
 
-def json_depth(body: bytes | bytearray | memoryview) -> int:
-    """The deepest nesting of arrays and objects in a JSON text."""
-    return scan_json(body).depth
+def whole_bytes(body: bytes | bytearray | memoryview) -> bytes | bytearray:
+    """``body``'s bytes, uncopied when it views all of a bytes object."""
+    if not isinstance(body, memoryview):
+        return body
+    if isinstance(body.obj, bytes | bytearray) and body.nbytes == len(body.obj):
+        return body.obj
+    return body.tobytes()
 
 
 def check_json_depth(body: bytes | bytearray | memoryview, limit: int, what: str) -> None:
@@ -166,13 +170,10 @@ def check_json_depth(body: bytes | bytearray | memoryview, limit: int, what: str
     A cheap count rules most bodies out before the scan: a text cannot nest
     deeper than it has opening brackets.
     """
-    raw = body.obj if isinstance(body, memoryview) and isinstance(body.obj, bytes | bytearray) \
-        and len(body) == len(body.obj) else body
-    if isinstance(raw, memoryview):
-        raw = bytes(raw)
+    raw = whole_bytes(body)
     if raw.count(b"[") + raw.count(b"{") <= limit:
         return
-    check_depth(json_depth(raw), limit, what)
+    check_depth(scan_json(raw).depth, limit, what)
 
 
 def check_depth(depth: int, limit: int, what: str) -> None:

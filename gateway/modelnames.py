@@ -12,23 +12,13 @@ from __future__ import annotations
 
 import unicodedata
 
-from gateway.errors import invalid
+from gateway.errors import invalid, is_unicode
 
 MAX_MODEL_NAME_CHARS = 256
 
 
 def _shown(text: str) -> str:
     return repr(text[:64]) + ("..." if len(text) > 64 else "")
-
-
-def _is_unicode(text: str) -> bool:
-    """False for text holding lone surrogates: ``"\\ud800"`` from JSON, or
-    a header's non-UTF-8 bytes as aiohttp decodes them (surrogateescape)."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def check_name(text: str, what: str, *, required: bool) -> None:
@@ -41,7 +31,7 @@ def check_name(text: str, what: str, *, required: bool) -> None:
         return
     if len(text) > MAX_MODEL_NAME_CHARS:
         raise invalid(f"{what} is {len(text)} characters long, over the limit of {MAX_MODEL_NAME_CHARS}")
-    if not text.isascii() and not _is_unicode(text):
+    if not text.isascii() and not is_unicode(text):
         raise invalid(f"{what} {_shown(text)} is not valid Unicode text (a lone surrogate or non-UTF-8 bytes)")
     if any(unicodedata.category(c) == "Cc" for c in text):
         raise invalid(f"{what} {_shown(text)} contains control characters")

@@ -295,3 +295,40 @@ def test_malformed_header_errors_quote_nothing_sent(gateway: GatewayProcess, bad
     assert message in ("malformed HTTP request: Invalid header value char",
                        "malformed HTTP request: Invalid header token")
     assert TOKEN not in gateway.log()  # nor in the log, at debug level
+
+
+async def test_the_acceptor_serves_until_closed() -> None:
+    """asyncio's Server contract, which aiohttp's sites may use: serve_forever
+    accepts until close(), then returns."""
+    import asyncio
+
+    from gateway.acceptor import Acceptor, RefusalLog, bind
+
+    class Refuse:  # a gate that closes every connection at once
+        admitted = 0
+
+        def admit(self) -> None:
+            self.admitted += 1
+
+        def connecting(self, protocol: Any, task: Any) -> None: ...
+
+        def failed(self, protocol: Any) -> None: ...
+
+        def free_idle(self) -> bool:
+            return False
+
+    gate = Refuse()
+    sockets = await bind("127.0.0.1", 0, reuse_port=False, backlog=8)
+    acceptor = Acceptor(sockets, gate, RefusalLog("test"), None, backlog=8)
+    serving = asyncio.ensure_future(acceptor.serve_forever())
+    port = sockets[0].getsockname()[1]
+    _, writer = await asyncio.open_connection("127.0.0.1", port)
+    async with asyncio.timeout(5):
+        while not gate.admitted:
+            await asyncio.sleep(0.01)
+    assert not serving.done()
+    acceptor.close()
+    async with asyncio.timeout(5):
+        await serving
+    writer.close()
+    assert not acceptor.is_serving()

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 import orjson
+from security_support import BUILTIN_BACKEND
 
 from gateway.config import DEFAULT_MAX_INFLIGHT_BYTES, DEFAULT_MAX_JSON_CONTAINERS, DEFAULT_MAX_REQUEST_BYTES
 from gateway.limits import BYTES_ELEMENT_COST
@@ -165,7 +166,7 @@ def run_attack(ports: dict[str, int], pid: int, attacks: list[str], seconds: flo
         "rest small infer": lambda: _http_probe(ports["rest"], "POST", "/v2/models/simple/infer", SMALL_INFER,
                                                 {"Content-Type": "application/json"}),
         "umbridge info": lambda: _http_probe(ports["umbridge"], "GET", "/Info"),
-        "graphstorm ping": lambda: _http_probe(ports["graphstorm"], "GET", "/ping"),
+        "graphstorm ping": lambda: _http_probe(ports["gs"], "GET", "/ping"),
         "grpc live": lambda: _grpc_probe(live, pb.ServerLiveRequest()),
         "admin health": lambda: _http_probe(ports["admin"], "GET", "/healthz"),
     }
@@ -214,17 +215,9 @@ admin: {address: "127.0.0.1:0"}
 listeners:
   - {name: rest, protocol: v2-rest, address: "127.0.0.1:0"}
   - {name: umbridge, protocol: umbridge, address: "127.0.0.1:0"}
-  - {name: graphstorm, protocol: graphstorm, address: "127.0.0.1:0", model: gnn}
+  - {name: gs, protocol: graphstorm, address: "127.0.0.1:0", model: gnn}
   - {name: grpc, protocol: v2-grpc, address: "127.0.0.1:0"}
-upstreams:
-  - {name: local, protocol: builtin}
-routes:
-  - match: {model: gnn, listener: graphstorm}
-    upstream: local
-    options: {graphstorm: {graph_schema: "builtin:movielens"}}
-  - match: {model: "*"}
-    upstream: local
-"""
+""" + BUILTIN_BACKEND
 
 
 def main() -> None:
