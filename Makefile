@@ -11,7 +11,7 @@ BIN := $(VENV)/bin
 $(BIN)/gateway: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[fast,test]'
+	$(BIN)/pip install --quiet -e '.[test]'
 	touch $(BIN)/gateway
 
 setup: $(BIN)/gateway
@@ -32,7 +32,7 @@ protos: setup
 # scenario once; BENCH_ARGS='--quick' or '--only a,c' narrows it.
 bench: setup
 	bench/install_tools.sh
-	$(BIN)/pip install --quiet -e '.[fast,test,bench]'
+	$(BIN)/pip install --quiet -e '.[test,bench]'
 	$(BIN)/python bench/run.py $(BENCH_ARGS)
 
 check: setup

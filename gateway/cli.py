@@ -105,9 +105,13 @@ async def _serve(config: GatewayConfig, config_path: str | None, port_file: Path
 
 
 def _install_uvloop() -> None:
+    """uvloop is a dependency; where it cannot load (a platform without a
+    wheel, a build without it) the stdlib loop serves, slower, and says so."""
     try:
         import uvloop
-    except ImportError:  # optional: the stdlib loop works, only slower
+    except ImportError as exc:
+        logging.getLogger(__name__).warning("uvloop cannot be loaded (%s): serving on the standard asyncio loop, "
+                                            "with a higher latency per request", exc)
         return
     asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
 

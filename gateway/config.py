@@ -107,6 +107,8 @@ class ListenerConfig:
     options: Any = None  # the frontend's own parsed options
     tls: ListenerTls | None = None  # HTTPS / gRPC TLS (docs/security.md)
     auth: CredentialConfig | None = None  # tokens clients must present
+    # HTTP listeners: serve hot requests on the httptools fast path (gateway/http/fast.py)
+    fast_path: bool = True
 
 
 LOAD_BALANCING_POLICIES = ("round_robin", "least_request", "consistent_hash")
@@ -858,9 +860,10 @@ def parse_config(data: Any, source: str = "<string>", base_dir: Path | None = No
         options = _protocol_options(item, protocol, "frontend")
         tls = parse_listener_tls(item.child("tls", None), base_dir, _client_auth_modes(protocol))
         auth = parse_credential_config(item.child("auth", None), base_dir)
+        fast_path = item.flag("fast_path", True)
         item.check_no_unknown_keys()
         if name and protocol and address:
-            listeners.append(ListenerConfig(name, protocol, address, options, tls, auth))
+            listeners.append(ListenerConfig(name, protocol, address, options, tls, auth, fast_path))
     _unique(listeners_node, _names_of(listeners_node), "listener")
 
     upstreams: list[UpstreamConfig] = []

@@ -36,9 +36,10 @@ from gateway.auth import Authenticator
 from gateway.budget import Reservation
 from gateway.config import ListenerConfig
 from gateway.errors import ErrorKind, GatewayError, malformed, too_large, unsupported
+from gateway.http.exchange import Handler, HttpReply, HttpRequest, HttpStatusError, compress, outcome_of_status
+from gateway.http.fast import FastConnection, FastListener, FastRoute, FastRoutes
 from gateway.observe import (
     OUTCOME_CANCELLED,
-    OUTCOME_OK,
     REQUEST_ID_HEADER,
     TRACEPARENT_HEADER,
     TRACESTATE_HEADER,
@@ -114,15 +115,6 @@ def accepted_coding(accept_encoding: str, offered: tuple[str, ...] = ("gzip", "d
         if weight > best_weight:
             best, best_weight = coding, weight
     return best
-
-
-class HttpStatusError(GatewayError):
-    """A failure whose HTTP status is not its kind's (408, 431); protocols
-    without HTTP statuses of their own encode it by its kind."""
-
-    def __init__(self, kind: ErrorKind, message: str, http_status: int) -> None:
-        super().__init__(kind, message)
-        self.http_status = http_status
 
 
 # What a request holds of the memory budget (HttpFrontend.reservation).
@@ -219,25 +211,6 @@ def error_middleware(respond: Callable[[GatewayError, int | None], web.StreamRes
 # --- request context and observability (issue 7) ------------------------------
 
 CONTEXT = web.RequestKey("gateway_context", RequestContext)
-
-# Outcome of an HTTP error answer whose GatewayError no frontend noted
-# (see note_error), by status; the V2 REST table read backwards.
-_OUTCOME_OF_STATUS = {
-    400: ErrorKind.MALFORMED_REQUEST, 401: ErrorKind.UNAUTHENTICATED, 404: ErrorKind.MODEL_NOT_FOUND,
-    405: ErrorKind.UNSUPPORTED, 413: ErrorKind.TOO_LARGE, 429: ErrorKind.OVERLOADED,
-    501: ErrorKind.UNSUPPORTED, 502: ErrorKind.UPSTREAM_BAD_RESPONSE, 503: ErrorKind.UPSTREAM_UNAVAILABLE,
-    504: ErrorKind.UPSTREAM_TIMEOUT,
-}
-
-
-def outcome_of_status(status: int) -> str:
-    if status < 400:
-        return OUTCOME_OK
-    kind = _OUTCOME_OF_STATUS.get(status)
-    if kind is None:
-        kind = ErrorKind.MALFORMED_REQUEST if status < 500 else ErrorKind.INTERNAL
-    return kind.value
-
 
 def request_context(request: web.Request, listener: str, protocol: str) -> RequestContext:
     """The request's context: made once per request by the observing
@@ -420,7 +393,7 @@ class ListenerGuard:
         self.requests = 0
         self.refusals = RefusalLog(listener)
         # Connections between requests, in the order they got there (oldest first).
-        self._waiting: dict[_GuardedRequestHandler, None] = {}
+        self._waiting: dict[Any, None] = {}  # aiohttp handlers and fast connections
 
     # --- connections (called by the listener's Acceptor and handlers) ---
 
@@ -440,23 +413,23 @@ class ListenerGuard:
                                   "answered overloaded")
         return over_limit
 
-    def opened(self, handler: _GuardedRequestHandler, over_limit: bool) -> None:
+    def opened(self, handler: Any, over_limit: bool) -> None:
         """An admitted connection has its handler (it is not connected yet)."""
         handler.over_limit = over_limit
         handler.counted = True
         self._waiting[handler] = None
 
-    def closed(self, handler: _GuardedRequestHandler) -> None:
+    def closed(self, handler: Any) -> None:
         """A connection is gone."""
         if handler.counted:
             handler.counted = False
             self.connections -= 1
             self._waiting.pop(handler, None)
 
-    def request_started(self, handler: _GuardedRequestHandler) -> None:
+    def request_started(self, handler: Any) -> None:
         self._waiting.pop(handler, None)
 
-    def request_finished(self, handler: _GuardedRequestHandler) -> None:
+    def request_finished(self, handler: Any) -> None:
         if handler.counted:
             self._waiting[handler] = None  # the newest to wait
 
@@ -471,19 +444,33 @@ class ListenerGuard:
                 return True
         return False
 
+    def replace(self, old: Any, new: Any) -> None:
+        """Connection ``old`` is handed over to protocol ``new`` (the fast
+        path's to aiohttp's): counted once, as ``new`` from now on."""
+        new.over_limit = old.over_limit
+        new.counted, old.counted = old.counted, False
+        self._waiting.pop(old, None)
+        if new.counted:
+            self._waiting[new] = None
+
     # --- requests ---
+
+    def over_connections_message(self) -> str:
+        return f"the listener has more than {self.max_connections} connections (limits.max_connections); retry later"
+
+    def busy_message(self) -> str:
+        return (f"the listener is handling {self.requests} requests, its limit (limits.max_concurrent_requests); "
+                "retry later")
 
     def middleware(self) -> Callable[..., Awaitable[web.StreamResponse]]:
         @web.middleware
         async def admit(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
                         ) -> web.StreamResponse:
             if getattr(request.protocol, "over_limit", False):
-                return self._refuse(request, f"the listener has more than {self.max_connections} connections "
-                                             "(limits.max_connections); retry later", close=True)
+                return self._refuse(request, self.over_connections_message(), close=True)
             probe = request.path in self.probe_paths
             if not probe and self.requests >= self.max_requests:
-                return self._refuse(request, f"the listener is handling {self.requests} requests, its limit "
-                                             "(limits.max_concurrent_requests); retry later")
+                return self._refuse(request, self.busy_message())
             if _EXPECT in request:
                 refusal = await self._answer_expectation(request)
                 if refusal is not None:
@@ -654,9 +641,11 @@ class _GuardedServer(web.Server):
     the listener's :class:`~gateway.acceptor.Gate`."""
 
     guard: ListenerGuard
+    fast: FastListener | None = None  # connections start on the fast path when the listener has one
 
-    def install(self, guard: ListenerGuard) -> None:
+    def install(self, guard: ListenerGuard, fast: FastListener | None) -> None:
         self.guard = guard
+        self.fast = fast
         self.request_factory = _hiding_expect(self.request_factory)
 
     def __call__(self) -> RequestHandler:
@@ -671,16 +660,16 @@ class _GuardedServer(web.Server):
         over_limit = self.guard.admit()
         if over_limit is None:
             return None
-        handler = self._handler()
+        handler: _GuardedRequestHandler | FastConnection = (
+            self._handler() if self.fast is None else FastConnection(self.fast))
         self.guard.opened(handler, over_limit)
         return handler
 
     def connecting(self, protocol: asyncio.BaseProtocol, task: asyncio.Task[None]) -> None:
-        assert isinstance(protocol, _GuardedRequestHandler)
+        assert isinstance(protocol, (_GuardedRequestHandler, FastConnection))
         protocol.connecting = task
 
     def failed(self, protocol: asyncio.BaseProtocol) -> None:
-        assert isinstance(protocol, _GuardedRequestHandler)
         self.guard.closed(protocol)
 
     def free_idle(self) -> bool:
@@ -715,6 +704,7 @@ class HttpFrontend(Frontend):
     """A frontend served by one aiohttp application on the listener address."""
 
     _runner: web.AppRunner | None = None
+    _fast: FastListener | None = None
     _port = 0
     _tls: ServerTls | None = None
     _authenticator: Authenticator | None = None
@@ -736,9 +726,38 @@ class HttpFrontend(Frontend):
     probe_paths: frozenset[str] = frozenset()
 
     @abc.abstractmethod
-    def render_error(self, error: GatewayError, status: int | None) -> web.StreamResponse:
+    def error_reply(self, error: GatewayError, status: int | None) -> HttpReply:
         """An error in this protocol's form; ``status`` overrides the kind's
         HTTP status."""
+
+    def render_error(self, error: GatewayError, status: int | None) -> web.StreamResponse:
+        reply = self.error_reply(error, status)
+        return web.Response(status=reply.status, body=b"".join(reply.parts), headers=_reply_headers(reply))
+
+    def fast_routes(self) -> list[FastRoute]:
+        """The requests the fast path serves (gateway/http/fast.py); each
+        handler is also routed in the aiohttp app (:meth:`serving`), which
+        serves it on connections the fast path handed over."""
+        return []
+
+    def add_routes(self, app: web.Application, handlers: list[tuple[str, str, Handler]]) -> None:
+        """Route each (method, path, handler) in the aiohttp app; GET routes
+        answer HEAD too, as aiohttp's own ``add_get`` does."""
+        for method, path, handler in handlers:
+            if method == "GET":
+                app.router.add_get(path, self.serving(handler))
+            else:
+                app.router.add_route(method, path, self.serving(handler))
+
+    def serving(self, handler: Handler) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+        """``handler`` as an aiohttp handler (of the same name: the
+        request's ``operation`` label)."""
+
+        async def handle(request: web.Request) -> web.StreamResponse:
+            return await aiohttp_reply(request, await handler(AiohttpRequest(self, request)))
+
+        handle.__name__ = handle.__qualname__ = getattr(handler, "__name__", "other")
+        return handle
 
     @property
     def guard(self) -> ListenerGuard:
@@ -820,7 +839,14 @@ class HttpFrontend(Frontend):
         factory = self._runner.server
         assert factory is not None
         factory.__class__ = _GuardedServer
-        factory.install(self.guard)  # type: ignore[attr-defined]
+        assert isinstance(factory, _GuardedServer)
+        routes = FastRoutes(self.fast_routes()) if self.listener.fast_path else FastRoutes(())
+        self._fast = FastListener(
+            self.listener.name, self.listener.protocol, self.services, routes, self.guard, self.error_reply,
+            handoff=factory._handler, authenticator=lambda: self._authenticator,
+            draining=lambda: self.dataplane.draining, max_body=self.max_body,
+            decompress=decompress) if routes else None
+        factory.install(self.guard, self._fast)
         address = self.listener.address
         # SO_REUSEPORT only under `gateway serve --workers N` (services.reuse_port).
         self._tls = ServerTls(self.listener.tls) if self.listener.tls is not None else None
@@ -847,6 +873,58 @@ class HttpFrontend(Frontend):
             # aiohttp waits this long for in-flight handlers after closing the
             # socket; it only takes it from the runner (set when built).
             self._runner._shutdown_timeout = grace
-            await self._runner.shutdown()
+            closing = [self._runner.shutdown()]
+            if self._fast is not None:  # its connections (aiohttp closes those handed over)
+                closing.append(self._fast.shutdown(grace))
+            await asyncio.gather(*closing)
             await self._runner.cleanup()
             self._runner = None
+
+
+class AiohttpRequest(HttpRequest):
+    """An aiohttp request as the handlers written for both servers see it."""
+
+    __slots__ = ("_frontend", "_request")
+
+    def __init__(self, frontend: HttpFrontend, request: web.Request) -> None:
+        self._frontend, self._request = frontend, request
+        self.method, self.path, self.params = request.method, request.path, request.match_info
+        self.ctx = request_context(request, frontend.listener.name, frontend.listener.protocol)
+        self.headers = self.ctx.headers
+
+    def reservation(self) -> Reservation:
+        return self._frontend.reservation(self._request)
+
+    async def read(self) -> bytes | bytearray:
+        return await self._frontend.read_buffer(self._request)
+
+
+# Binary answers from this size on are written part by part (tensors straight
+# from their arrays) instead of joined into one more copy first.
+STREAM_MIN_BYTES = 1 << 20
+
+
+def _reply_headers(reply: HttpReply) -> dict[str, str]:
+    if reply.content_type is None:
+        return reply.headers
+    return {"Content-Type": reply.content_type, **reply.headers}
+
+
+async def aiohttp_reply(request: web.Request, reply: HttpReply) -> web.StreamResponse:
+    headers = _reply_headers(reply)
+    parts = reply.parts
+    if len(parts) > 1:
+        size = reply.size
+        if size >= STREAM_MIN_BYTES:
+            response = web.StreamResponse(status=reply.status, headers=headers)
+            response.content_length = size
+            await response.prepare(request)
+            for part in parts:
+                await response.write(part)
+            await response.write_eof()
+            return response
+    body = parts[0] if len(parts) == 1 else b"".join(parts)
+    return web.Response(status=reply.status, body=body, headers=headers)
+
+
+__all__ = ["AiohttpRequest", "HttpFrontend", "HttpReply", "HttpRequest", "aiohttp_reply", "compress"]

@@ -1,6 +1,7 @@
 """Issue 15's stall test: while three clients each send the worst body the
 default limits admit, every listener's health probe and a small infer on
-another connection are answered promptly, and memory stays bounded.
+another connection are answered promptly, and memory stays bounded; on
+both HTTP servers (issue 16: the fast path and aiohttp alone).
 
 The recipe (tests/peers/stall_attack.py) is the one docs/security.md quotes;
 ``python -m peers.stall_attack`` prints the same figures for a longer run.
@@ -19,10 +20,21 @@ MAX_BOUND = 1.0
 RSS_BOUND = 1 << 30
 
 
-@pytest.fixture(scope="module")
-def gateway(tmp_path_factory: pytest.TempPathFactory) -> GatewayProcess:
+def classic(config: str) -> str:
+    """The config with the HTTP listeners' fast path off: every request on
+    the aiohttp server, the path the fast one hands unusual requests to."""
+    return "\n".join(line[:line.rindex("}")] + ", fast_path: false}"
+                     if "address:" in line and "protocol:" in line and "v2-grpc" not in line else line
+                     for line in config.splitlines())
+
+
+# Both HTTP servers: the fast path (the default) and aiohttp alone.
+@pytest.fixture(scope="module", params=["fast-path", "aiohttp"])
+def gateway(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> GatewayProcess:
     directory = tmp_path_factory.mktemp("stall")
-    with GatewayProcess(write_config(directory, CONFIG), directory / "gateway.log") as gw:
+    config = CONFIG if request.param == "fast-path" else classic(CONFIG)
+    assert config.count("fast_path: false") == (0 if request.param == "fast-path" else 3)
+    with GatewayProcess(write_config(directory, config), directory / "gateway.log") as gw:
         yield gw
 
 

@@ -19,7 +19,9 @@ from aiohttp import web
 from gateway.budget import admit_json
 from gateway.confignode import Node
 from gateway.errors import ErrorKind, GatewayError
-from gateway.httpserver import REQUEST_ID_HEADER, HttpFrontend, note_error, request_context
+from gateway.http.exchange import HttpReply, HttpRequest, json_reply
+from gateway.http.fast import FastRoute, route
+from gateway.httpserver import REQUEST_ID_HEADER, HttpFrontend, note_error
 from gateway.observe import Translating
 from gateway.protocols.graphstorm import codec, status
 from gateway.protocols.graphstorm.graph import (
@@ -36,9 +38,10 @@ from gateway.types import InferRequest, RawPayload, RequestContext
 
 log = logging.getLogger(__name__)
 PROTOCOL = "graphstorm"
+_TARGET_MODEL_HEADER = codec.TARGET_MODEL_HEADER.lower()
 DEFAULT_MODEL = "gnn"
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-# HTTP status of refusals made before an invocation is read (see render_error).
+# HTTP status of refusals made before an invocation is read (see error_reply).
 _HTTP_STATUS_OF_KIND = {ErrorKind.OVERLOADED: 429}
 
 
@@ -124,38 +127,39 @@ class GraphStormFrontend(HttpFrontend):
 
     probe_paths = frozenset({"/ping"})
 
-    def render_error(self, error: GatewayError, status: int | None) -> web.StreamResponse:
+    def error_reply(self, error: GatewayError, status: int | None) -> HttpReply:
         """Refusals before GraphStorm's handler (overload, malformed HTTP,
         refused credentials: 401) carry their HTTP status as well as the
         envelope's status_code, so callers that read only the HTTP status
         see them."""
-        return json_response(codec.encode_error(error, ""), status or _HTTP_STATUS_OF_KIND.get(error.kind, 200))
+        return json_reply(codec.encode_error(error, ""), status or _HTTP_STATUS_OF_KIND.get(error.kind, 200))
+
+    def fast_routes(self) -> list[FastRoute]:
+        return [route("POST", "/invocations", self.invocations), route("GET", "/ping", self.ping)]
 
     def build_app(self) -> web.Application:
         app = self.new_app([envelope_errors])
-        app.router.add_post("/invocations", self.invocations)
-        app.router.add_get("/ping", self.ping)
+        self.add_routes(app, [("POST", "/invocations", self.invocations), ("GET", "/ping", self.ping)])
         return app
 
-    async def ping(self, request: web.Request) -> web.Response:
-        ctx = request_context(request, self.listener.name, PROTOCOL)
-        if await self.dataplane.server_ready(ctx):
-            return json_response(orjson.dumps({"status": "Healthy"}))
-        return json_response(orjson.dumps({"status": "Unhealthy"}), 503)
+    async def ping(self, request: HttpRequest) -> HttpReply:
+        if await self.dataplane.server_ready(request.ctx):
+            return json_reply(orjson.dumps({"status": "Healthy"}))
+        return json_reply(orjson.dumps({"status": "Unhealthy"}), 503)
 
-    async def invocations(self, request: web.Request) -> web.Response:
+    async def invocations(self, request: HttpRequest) -> HttpReply:
         uid = ""  # GraphStorm sends "" until the body parses as JSON
-        ctx = request_context(request, self.listener.name, PROTOCOL)
+        ctx = request.ctx
         # The target-model header, else the listener's model. Routed first, so
         # that refusals of the body carry the model label; a routing failure
         # is answered after them, in GraphStorm's order.
-        model = request.headers.get(codec.TARGET_MODEL_HEADER) or self.options.model
+        model = request.headers.get(_TARGET_MODEL_HEADER) or self.options.model
         try:
             route = self._route(model, ctx)
-            codec.check_content_type(request.headers.get("Content-Type"))
+            codec.check_content_type(request.headers.get("content-type"))
             try:
-                body = await self.read_body(request)
-                await admit_json(body, self.reservation(request), self.services.offload,
+                body = await request.read_bytes()
+                await admit_json(body, request.reservation(), self.services.offload,
                                  self.services.config.limits, "the body")
             except GatewayError as exc:  # too large, too deep, slow, bad Content-Encoding: a request format error
                 if exc.kind is ErrorKind.OVERLOADED:  # the memory budget: not the request's fault
@@ -166,20 +170,18 @@ class GraphStormFrontend(HttpFrontend):
             uid = codec.request_uid(body)
             answer, status_code = await self._invoke(model, route, body, payload, uid, ctx)
         except GatewayError as error:
-            answer, status_code = self._failed(request, error, uid)
+            answer, status_code = self._failed(ctx, error, uid)
         except Exception:  # a gateway bug: still GraphStorm's form, with the request's uid
             log.exception("unhandled error on a GraphStorm invocation (request_uid %s)", uid)
-            answer, status_code = self._failed(request, status.internal("unexpected gateway error"), uid)
+            answer, status_code = self._failed(ctx, status.internal("unexpected gateway error"), uid)
         # The answer is HTTP 200 whatever happened: metrics and the access log
         # take GraphStorm's status_code as the request's code.
         ctx.record.status = str(status_code)
-        reply = json_response(answer)
-        reply.headers[REQUEST_ID_HEADER] = ctx.request_id
-        return reply
+        return json_reply(answer, headers={REQUEST_ID_HEADER: ctx.request_id})
 
     @staticmethod
-    def _failed(request: web.Request, error: GatewayError, uid: str) -> tuple[bytes, int]:
-        note_error(request, error)
+    def _failed(ctx: RequestContext, error: GatewayError, uid: str) -> tuple[bytes, int]:
+        ctx.record.fail(error.kind.value, error.message)
         return codec.encode_error(error, uid), status.status_code_of(error)
 
     def _route(self, model: str, ctx: RequestContext) -> Route | GatewayError:

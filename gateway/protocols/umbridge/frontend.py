@@ -19,7 +19,9 @@ from aiohttp import web
 from gateway.budget import admit_json
 from gateway.confignode import Node
 from gateway.errors import ErrorKind, GatewayError
-from gateway.httpserver import REQUEST_ID_HEADER, HttpFrontend, error_middleware, request_context
+from gateway.http.exchange import HttpReply, HttpRequest, json_reply
+from gateway.http.fast import FastRoute, route
+from gateway.httpserver import REQUEST_ID_HEADER, HttpFrontend, error_middleware
 from gateway.observe import Translating, operation_label
 from gateway.protocols.umbridge import codec
 from gateway.protocols.umbridge.bridge import Bridge
@@ -42,7 +44,7 @@ from gateway.types import (
 
 log = logging.getLogger(__name__)
 PROTOCOL = "umbridge"
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+Handler = Callable[[HttpRequest], Awaitable[HttpReply]]
 
 # Failures that say nothing about whether a model exists: such models stay
 # listed in /Info (last), the others are left out.
@@ -53,6 +55,10 @@ _TRANSIENT = frozenset({ErrorKind.UPSTREAM_UNAVAILABLE, ErrorKind.UPSTREAM_TIMEO
 def json_response(body: bytes, status: int = 200, request_id: str = "") -> web.Response:
     headers = {REQUEST_ID_HEADER: request_id} if request_id else None
     return web.Response(status=status, body=body, content_type=codec.JSON_TYPE, headers=headers)
+
+
+def answer(body: bytes, ctx: RequestContext) -> HttpReply:
+    return json_reply(body, headers={REQUEST_ID_HEADER: ctx.request_id})
 
 
 def error_response(error: GatewayError, status: int | None = None) -> web.Response:
@@ -80,18 +86,22 @@ class UmbridgeFrontend(HttpFrontend):
         self.options: ListenerOptions = self.listener.options or ListenerOptions()
         self._views: TtlCache[ModelView] = TtlCache(self.options.metadata_ttl)
 
-    def render_error(self, error: GatewayError, status: int | None) -> web.StreamResponse:
-        return error_response(error, status)
+    def error_reply(self, error: GatewayError, status: int | None) -> HttpReply:
+        default_status, body = codec.encode_error(error)
+        return json_reply(body, status or default_status)
+
+    def _handlers(self) -> list[tuple[str, str, Handler]]:
+        return [("GET", "/Info", self.info), ("POST", "/InputSizes", self.input_sizes),
+                ("POST", "/OutputSizes", self.output_sizes), ("POST", "/ModelInfo", self.model_info),
+                ("POST", "/Evaluate", self.evaluate),
+                *(("POST", f"/{kind}", self._derivative_handler(kind)) for kind in DERIVATIVE_KINDS)]
+
+    def fast_routes(self) -> list[FastRoute]:
+        return [route(method, path, handler) for method, path, handler in self._handlers()]
 
     def build_app(self) -> web.Application:
         app = self.new_app([umbridge_errors])
-        app.router.add_get("/Info", self.info)
-        app.router.add_post("/InputSizes", self.input_sizes)
-        app.router.add_post("/OutputSizes", self.output_sizes)
-        app.router.add_post("/ModelInfo", self.model_info)
-        app.router.add_post("/Evaluate", self.evaluate)
-        for kind in DERIVATIVE_KINDS:
-            app.router.add_post(f"/{kind}", self._derivative_handler(kind))
+        self.add_routes(app, self._handlers())
         return app
 
     # --- the model behind a name -------------------------------------------
@@ -120,16 +130,16 @@ class UmbridgeFrontend(HttpFrontend):
 
     # --- handlers -------------------------------------------------------------
 
-    async def _call(self, request: web.Request) -> tuple[codec.Call, RequestContext]:
-        ctx = request_context(request, self.listener.name, PROTOCOL)
-        body = await self.read_body(request)
-        await admit_json(body, self.reservation(request), self.services.offload, self.services.config.limits,
+    async def _call(self, request: HttpRequest) -> tuple[codec.Call, RequestContext]:
+        ctx = request.ctx
+        body = await request.read_bytes()
+        await admit_json(body, request.reservation(), self.services.offload, self.services.config.limits,
                          "the request body")
         with Translating(ctx.record, "decode"):
             return await self.services.offload.run(len(body), codec.decode_call, body), ctx
 
-    async def info(self, request: web.Request) -> web.Response:
-        ctx = request_context(request, self.listener.name, PROTOCOL)
+    async def info(self, request: HttpRequest) -> HttpReply:
+        ctx = request.ctx
         names = await self.dataplane.list_models(ctx)
         views = await asyncio.gather(*(self.view(n, "", ctx) for n in names), return_exceptions=True)
         ready: list[str] = []
@@ -146,24 +156,24 @@ class UmbridgeFrontend(HttpFrontend):
         # whichever model was resolved last.
         ctx.record.model = ctx.record.version = ctx.record.route = ""
         # The conformity suite and simple clients use models[0]: Evaluate-capable first.
-        return json_response(codec.encode_info(ready + others + unknown), request_id=ctx.request_id)
+        return answer(codec.encode_info(ready + others + unknown), ctx)
 
-    async def input_sizes(self, request: web.Request) -> web.Response:
+    async def input_sizes(self, request: HttpRequest) -> HttpReply:
         call, ctx = await self._call(request)
         view = await self.view(call.name, call.config_text, ctx)
-        return json_response(codec.encode_sizes("inputSizes", view.input_sizes), request_id=ctx.request_id)
+        return answer(codec.encode_sizes("inputSizes", view.input_sizes), ctx)
 
-    async def output_sizes(self, request: web.Request) -> web.Response:
+    async def output_sizes(self, request: HttpRequest) -> HttpReply:
         call, ctx = await self._call(request)
         view = await self.view(call.name, call.config_text, ctx)
-        return json_response(codec.encode_sizes("outputSizes", view.output_sizes), request_id=ctx.request_id)
+        return answer(codec.encode_sizes("outputSizes", view.output_sizes), ctx)
 
-    async def model_info(self, request: web.Request) -> web.Response:
+    async def model_info(self, request: HttpRequest) -> HttpReply:
         call, ctx = await self._call(request)
         view = await self.view(call.name, call.config_text, ctx)
-        return json_response(codec.encode_support(view.support), request_id=ctx.request_id)
+        return answer(codec.encode_support(view.support), ctx)
 
-    async def evaluate(self, request: web.Request) -> web.Response:
+    async def evaluate(self, request: HttpRequest) -> HttpReply:
         call, ctx = await self._call(request)
         view = await self.view(call.name, call.config_text, ctx)
         view.require("Evaluate")
@@ -172,10 +182,10 @@ class UmbridgeFrontend(HttpFrontend):
         (outputs,) = await Bridge(self.dataplane, ctx, view, call.config_text).evaluate([inputs])
         with Translating(ctx.record, "encode"):
             body = codec.encode_outputs(outputs, self.options.nonfinite)
-        return json_response(body, request_id=ctx.request_id)
+        return answer(body, ctx)
 
     def _derivative_handler(self, kind: str) -> Handler:
-        async def handle(request: web.Request) -> web.Response:
+        async def handle(request: HttpRequest) -> HttpReply:
             call, ctx = await self._call(request)
             view = await self.view(call.name, call.config_text, ctx)
             view.require(kind)
@@ -185,7 +195,7 @@ class UmbridgeFrontend(HttpFrontend):
             result = await Bridge(self.dataplane, ctx, view, call.config_text).derivative(inputs, derivative)
             with Translating(ctx.record, "encode"):
                 body = codec.encode_vector_output(result, self.options.nonfinite)
-            return json_response(body, request_id=ctx.request_id)
+            return answer(body, ctx)
 
         # The handler's name is the request's `operation` label (gateway.httpserver).
         handle.__name__ = handle.__qualname__ = operation_label(kind)

@@ -15,6 +15,8 @@ from gateway.confignode import Node
 from gateway.errors import ErrorKind, GatewayError
 from gateway.extensions import BINARY_TENSOR_DATA
 from gateway.extensions.service import Extensions
+from gateway.http.exchange import Handler, HttpReply, HttpRequest, compress
+from gateway.http.fast import FastRoute, route
 from gateway.httpserver import (
     REQUEST_ID_HEADER,
     HttpFrontend,
@@ -30,10 +32,7 @@ from gateway.routing import Route
 from gateway.types import InferRequest, InferResponse, RequestContext
 
 PROTOCOL = codec.PROTOCOL
-
-MIN_COMPRESSED_BYTES = 1024
-# Binary answers from this size on are streamed part by part (see _stream).
-STREAM_MIN_BYTES = 1 << 20
+_HEADER_LENGTH = codec.HEADER_LENGTH.lower()
 
 # Always served here; the gateway's own extensions follow server.extensions
 # (server metadata lists exactly what the listener serves).
@@ -45,10 +44,18 @@ def error_response(error: GatewayError, status: int | None = None) -> web.Respon
     return web.Response(status=status or default_status, body=body, content_type=codec.JSON_TYPE)
 
 
+def error_reply(error: GatewayError, status: int | None = None) -> HttpReply:
+    default_status, body = codec.encode_error(error)
+    return HttpReply(status or default_status, [body], codec.JSON_TYPE)
+
+
 # Every failure leaves in the V2 error form, never aiohttp's text pages.
 v2_errors = error_middleware(
     error_response,
     {404: ErrorKind.MODEL_NOT_FOUND, 405: ErrorKind.UNSUPPORTED, 413: ErrorKind.TOO_LARGE})
+
+
+_MODEL_PATHS = ("/v2/models/{model}", "/v2/models/{model}/versions/{version}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,70 +79,75 @@ class V2RestFrontend(HttpFrontend):
         node.check_no_unknown_keys()
         return options
 
-    def render_error(self, error: GatewayError, status: int | None) -> web.StreamResponse:
-        return error_response(error, status)
+    def error_reply(self, error: GatewayError, status: int | None) -> HttpReply:
+        return error_reply(error, status)
+
+    def context(self, request: web.Request) -> Any:
+        """The context of a request served by the aiohttp app (extensions)."""
+        return request_context(request, self.listener.name, PROTOCOL)
+
+    def _handlers(self) -> list[tuple[str, str, Handler]]:
+        handlers: list[tuple[str, str, Handler]] = [
+            ("GET", "/v2", self.server_metadata), ("GET", "/v2/", self.server_metadata),
+            ("GET", "/v2/health/live", self.live), ("GET", "/v2/health/ready", self.ready)]
+        for prefix in _MODEL_PATHS:
+            handlers += [("GET", prefix, self.model_metadata), ("GET", prefix + "/ready", self.model_ready),
+                         ("POST", prefix + "/infer", self.infer)]
+        return handlers
+
+    def fast_routes(self) -> list[FastRoute]:
+        return [route(method, path, handler) for method, path, handler in self._handlers()]
 
     def build_app(self) -> web.Application:
         app = self.new_app([v2_errors])
         self.extensions = Extensions(self.dataplane, self.services)
-        get, post = app.router.add_get, app.router.add_post
-        get("/v2", self.server_metadata)
-        get("/v2/", self.server_metadata)
-        get("/v2/health/live", self.live)
-        get("/v2/health/ready", self.ready)
         extensions.add_routes(app.router, self)
-        for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
-            get(prefix, self.model_metadata)
-            get(prefix + "/ready", self.model_ready)
-            post(prefix + "/infer", self.infer)
+        self.add_routes(app, self._handlers())
         return app
 
-    def context(self, request: web.Request) -> Any:
-        return request_context(request, self.listener.name, PROTOCOL)
-
     @staticmethod
-    def _names(request: web.Request) -> tuple[str, str]:
-        return request.match_info["model"], request.match_info.get("version", "")
+    def _names(request: HttpRequest) -> tuple[str, str]:
+        return request.params["model"], request.params.get("version", "")
 
-    async def server_metadata(self, request: web.Request) -> web.Response:
+    async def server_metadata(self, request: HttpRequest) -> HttpReply:
         identity = self.services.identity
         body = codec.encode_server_metadata(identity.name, identity.version,
                                             [*EXTENSIONS, *self.extensions.served])
-        return web.Response(body=body, content_type=codec.JSON_TYPE)
+        return HttpReply(200, [body], codec.JSON_TYPE)
 
-    async def live(self, request: web.Request) -> web.Response:
-        return web.Response(status=200)
+    async def live(self, request: HttpRequest) -> HttpReply:
+        return HttpReply(200)
 
-    async def ready(self, request: web.Request) -> web.Response:
+    async def ready(self, request: HttpRequest) -> HttpReply:
         # The OIP spec: 200 means true, a 4xx means false.
-        if await self.dataplane.server_ready(self.context(request)):
-            return web.Response(status=200)
-        return error_response(GatewayError(ErrorKind.MALFORMED_REQUEST, "server is not ready"))
+        if await self.dataplane.server_ready(request.ctx):
+            return HttpReply(200)
+        return error_reply(GatewayError(ErrorKind.MALFORMED_REQUEST, "server is not ready"))
 
-    async def model_metadata(self, request: web.Request) -> web.Response:
+    async def model_metadata(self, request: HttpRequest) -> HttpReply:
         model, version = self._names(request)
-        metadata = await self.dataplane.model_metadata(model, version, self.context(request))
-        return web.Response(body=codec.encode_model_metadata(metadata), content_type=codec.JSON_TYPE)
+        metadata = await self.dataplane.model_metadata(model, version, request.ctx)
+        return HttpReply(200, [codec.encode_model_metadata(metadata)], codec.JSON_TYPE)
 
-    async def model_ready(self, request: web.Request) -> web.Response:
+    async def model_ready(self, request: HttpRequest) -> HttpReply:
         model, version = self._names(request)
-        if await self.dataplane.model_ready(model, version, self.context(request)):
-            return web.Response(status=200)
-        return error_response(GatewayError(ErrorKind.MALFORMED_REQUEST, f"model '{model}' is not ready"))
+        if await self.dataplane.model_ready(model, version, request.ctx):
+            return HttpReply(200)
+        return error_reply(GatewayError(ErrorKind.MALFORMED_REQUEST, f"model '{model}' is not ready"))
 
-    async def infer(self, request: web.Request) -> web.StreamResponse:
+    async def infer(self, request: HttpRequest) -> HttpReply:
         model, version = self._names(request)
-        ctx = self.context(request)
+        ctx = request.ctx
         # The model is looked up before the body is read: an unknown model is
         # 404 whatever the body holds (as Triton, MLServer), and every later
         # refusal of the body is counted under the model's label.
         route = self.dataplane.resolve(model, version, ctx)
-        body = await self.read_buffer(request)
+        body = await request.read()
         limits = self.services.config.limits
-        header_length = request.headers.get(codec.HEADER_LENGTH)
+        header_length = request.headers.get(_HEADER_LENGTH)
         # Nesting checked and what parsing builds charged to the memory budget
         # before anything parses the JSON (a binary request's head too).
-        reservation = self.reservation(request)
+        reservation = request.reservation()
         offload = self.services.offload
         await admit_json(codec.split_body(body, header_length)[0], reservation, offload, limits, "the request")
         started = time.perf_counter()
@@ -162,14 +174,9 @@ class V2RestFrontend(HttpFrontend):
         parts, headers = await offload.run(size, _answer, response, infer_request, route, ctx)
         ctx.record.encode_seconds = time.perf_counter() - started
         headers[REQUEST_ID_HEADER] = ctx.request_id
-        size = sum(memoryview(part).nbytes for part in parts)
-        coding = _compression(request, size)
-        if coding is None and len(parts) > 1 and size >= STREAM_MIN_BYTES:
-            return await _stream(request, parts, headers, size)
-        reply = web.Response(body=parts[0] if len(parts) == 1 else b"".join(parts), headers=headers)
-        if coding is not None:
-            reply.enable_compression(coding)
-        return reply
+        reply = HttpReply(200, parts, headers.pop("Content-Type", None), headers)
+        # Many HTTP clients (requests, curl --compressed) accept gzip by default.
+        return await compress(reply, accepted_coding(request.headers.get("accept-encoding", "")), offload)
 
 
 def _passthrough(route: Route) -> bool:
@@ -207,25 +214,3 @@ def _answer_size(response: InferResponse, request: InferRequest, route: Route) -
     return sum(tensor.data.size * BYTES_ELEMENT_COST if tensor.datatype == "BYTES"
                else (tensor.data.nbytes if binary else 3 * tensor.data.nbytes)
                for tensor, binary in zip(response.outputs, codec.output_binary_flags(response, request), strict=True))
-
-
-def _compression(request: web.Request, size: int) -> web.ContentCoding | None:
-    """The coding the client accepts, if the answer is worth compressing:
-    many HTTP clients (requests, curl --compressed) accept gzip by default,
-    and below MIN_COMPRESSED_BYTES compressing costs more than it saves."""
-    if size < MIN_COMPRESSED_BYTES:
-        return None
-    coding = accepted_coding(request.headers.get("Accept-Encoding", ""))
-    return None if coding is None else web.ContentCoding(coding)
-
-
-async def _stream(request: web.Request, parts: list[Any], headers: dict[str, str], size: int) -> web.StreamResponse:
-    """A binary answer written part by part, each tensor straight from its
-    array, instead of first joined into one more copy of the whole answer."""
-    reply = web.StreamResponse(headers=headers)
-    reply.content_length = size
-    await reply.prepare(request)
-    for part in parts:
-        await reply.write(part)
-    await reply.write_eof()
-    return reply
