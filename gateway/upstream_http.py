@@ -254,8 +254,9 @@ class UpstreamHttp:
         return conn
 
     def _release(self, conn: _Connection, reusable: bool) -> None:
+        """After a complete reply: back to the pool (or to a waiter), or closed."""
         if not reusable or self._closed or not conn.is_open:
-            self._discard(conn)
+            self._discard(conn, graceful=True)
             return
         conn.idle_since = asyncio.get_running_loop().time()
         while self._waiters:
@@ -267,9 +268,13 @@ class UpstreamHttp:
         if self._sweeper is None:
             self._sweeper = asyncio.get_running_loop().call_later(self.idle_timeout, self._sweep)
 
-    def _discard(self, conn: _Connection) -> None:
-        """Close ``conn`` (at once: it may hold half an exchange) and free its slot."""
-        conn.abort()
+    def _discard(self, conn: _Connection, graceful: bool = False) -> None:
+        """Close ``conn`` and free its slot: at once if it may hold half an
+        exchange, else ``graceful`` (a TLS close_notify, anything queued sent)."""
+        if graceful:
+            conn.close()
+        else:
+            conn.abort()
         if conn in self._all:
             self._all.discard(conn)
             self._open -= 1
@@ -297,7 +302,7 @@ class UpstreamHttp:
         if expired:
             self._idle = [c for c in self._idle if c.idle_since > cutoff]
             for conn in expired:
-                self._discard(conn)
+                self._discard(conn, graceful=True)
         if self._idle:
             oldest = min(c.idle_since for c in self._idle)
             self._sweeper = loop.call_at(oldest + self.idle_timeout, self._sweep)
@@ -614,5 +619,9 @@ class _Connection(asyncio.BufferedProtocol):
         return not self.lost and self.transport is not None and not self.transport.is_closing()
 
     def abort(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()  # also when closing gracefully already: now
+
+    def close(self) -> None:
         if self.transport is not None and not self.transport.is_closing():
-            self.transport.abort()
+            self.transport.close()
