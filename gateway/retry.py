@@ -11,8 +11,6 @@ import random
 import socket
 from collections.abc import Iterator
 
-import aiohttp
-
 from gateway.config import RetryPolicy
 from gateway.errors import CONNECT_FAILURE, CONNECTION_RESET, ErrorKind, GatewayError, UpstreamFailure
 
@@ -43,11 +41,11 @@ def error_chain(exc: BaseException) -> Iterator[BaseException]:
 
 
 def _transport_reason(exc: BaseException) -> str | None:
-    """Connection-level errors a client let through or chained as a cause."""
-    if isinstance(exc, (aiohttp.ClientConnectorError, ConnectionRefusedError, socket.gaierror)):
+    """Connection-level errors a client let through or chained as a cause
+    (the HTTP transport, gateway/upstream_http.py, names its failures itself)."""
+    if isinstance(exc, (ConnectionRefusedError, socket.gaierror)):
         return CONNECT_FAILURE
-    if isinstance(exc, (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, aiohttp.ClientPayloadError,
-                        ConnectionError)):
+    if isinstance(exc, ConnectionError):
         return CONNECTION_RESET
     return None
 

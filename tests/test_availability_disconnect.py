@@ -449,13 +449,14 @@ def test_addresses_are_cut_from_upstream_words(text: str, expected: str) -> None
 
 
 async def test_http_upstreams_have_no_total_timeout_of_their_own() -> None:
-    """aiohttp gives up on a call after 5 minutes unless told otherwise; a
-    UM-Bridge model may run for hours, so only the data plane's deadline
-    bounds a call (and the connection attempt, CONNECT_TIMEOUT)."""
+    """A UM-Bridge model may run for hours, so only the data plane's
+    deadline bounds a call: the HTTP transport every HTTP upstream uses
+    bounds the connection attempt only (CONNECT_TIMEOUT)."""
     from types import SimpleNamespace
 
     from gateway.protocols import registry
     from gateway.protocols.upstream import CONNECT_TIMEOUT
+    from gateway.upstream_http import UpstreamHttp
     from support import parse_yaml_config
 
     config = parse_yaml_config("""
@@ -471,7 +472,8 @@ routes: [{match: {model: "*"}, upstream: rest}]
                                                                SimpleNamespace(config=config))
         await client.start()
         try:
-            timeout = client._session.timeout  # type: ignore[attr-defined]
-            assert (timeout.total, timeout.sock_connect) == (None, CONNECT_TIMEOUT), upstream.protocol
+            http = client.http  # type: ignore[attr-defined]
+            assert isinstance(http, UpstreamHttp), upstream.protocol
+            assert http.connect_timeout == CONNECT_TIMEOUT, upstream.protocol
         finally:
             await client.close()

@@ -11,7 +11,6 @@ import time
 from collections import Counter
 from typing import Any
 
-import aiohttp
 import numpy as np
 import pytest
 import yaml
@@ -301,7 +300,7 @@ def test_failure_reasons() -> None:
     assert failure_reason(GatewayError(ErrorKind.UPSTREAM_BAD_RESPONSE, "junk")) == "bad-response"
     assert failure_reason(invalid("bad shape")) is None
     assert failure_reason(ConnectionRefusedError()) == "connect-failure"
-    assert failure_reason(aiohttp.ServerDisconnectedError()) == "reset"
+    assert failure_reason(ConnectionResetError()) == "reset"
     # A backend that wraps a transport error without tagging it still counts.
     try:
         try:

@@ -275,7 +275,7 @@ def test_nonfinite_from_the_python_reference_server(gateway: GatewayProcess) -> 
 @pytest.mark.parametrize(("model", "status", "error_type", "needle"), [
     ("broken", 500, "InvalidOutput", "Output vector 0 has invalid length"),
     ("slow", 504, "UpstreamTimeout", "did not answer within 0."),
-    ("unreachable", 503, "UpstreamUnavailable", "unreachable"),
+    ("unreachable", 503, "UpstreamUnavailable", "cannot connect to upstream down"),
 ])
 def test_upstream_failures(gateway: GatewayProcess, model: str, status: int, error_type: str, needle: str) -> None:
     got = error_of(post(gateway, "Evaluate", {"name": model, "input": [[1.0]], "config": {"seconds": 2}}))

@@ -34,9 +34,10 @@ def response_limit(configured: int | None, services: Any) -> int:
     return RESPONSE_LIMIT_FACTOR * services.config.limits.max_request_bytes
 
 
-def too_large_reply(upstream: str, size: int, limit: int) -> GatewayError:
+def too_large_reply(upstream: str, size: int, limit: int, setting: str = "max_response_bytes") -> GatewayError:
+    """A reply over the bound; ``setting`` names the key that sets it."""
     return GatewayError(ErrorKind.UPSTREAM_BAD_RESPONSE,
-                        f"upstream {upstream} sent a reply of {size} bytes, over max_response_bytes {limit}")
+                        f"upstream {upstream} sent a reply of {size} bytes, over {setting} {limit}")
 
 
 @contextmanager

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import aiohttp
-
 from gateway.confignode import Node
 from gateway.errors import ErrorKind, GatewayError, invalid
 from gateway.protocols.base import UpstreamClient
@@ -27,12 +25,13 @@ from gateway.protocols.graphstorm.graph import (
     TASK_PARAMETER,
     GraphTensors,
 )
-from gateway.protocols.upstream import CONNECT_TIMEOUT
-from gateway.tls import HttpClientTls, http_client_tls
+from gateway.tls import http_client_tls
 from gateway.types import InferRequest, InferResponse, ModelMetadata, RawPayload, RequestContext
+from gateway.upstream_http import UpstreamHttp
 
 PROTOCOL = "graphstorm"
 PLATFORM = "graphstorm_realtime"
+_MAX_CONNECTIONS = 100  # per endpoint (what aiohttp's pool allowed before)
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,8 +41,7 @@ class BackendOptions:
 
 
 class GraphStormClient(UpstreamClient):
-    _session: aiohttp.ClientSession | None = None
-    _tls = HttpClientTls()
+    http: UpstreamHttp | None = None
 
     @classmethod
     def parse_options(cls, node: Node) -> BackendOptions:
@@ -58,19 +56,17 @@ class GraphStormClient(UpstreamClient):
         options = self.upstream.options
         return options if isinstance(options, BackendOptions) else BackendOptions()
 
-    def _url(self, path: str) -> str:
-        return self._tls.url(self.endpoint, path)
-
     async def start(self) -> None:
-        # Deadlines come from the data plane (route/upstream timeout).
-        self._tls = http_client_tls(self.upstream.tls)  # certificates are read now (docs/security.md)
-        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT),
-                                              connector=aiohttp.TCPConnector(ssl=self._tls.ssl))
+        # Deadlines come from the data plane (route/upstream timeout); certificates are read now (docs/security.md).
+        assert self.endpoint is not None
+        self.http = UpstreamHttp(self.endpoint, http_client_tls(self.upstream.tls), self.label,
+                                 max_response=self.services.config.limits.max_request_bytes,
+                                 limit_name="limits.max_request_bytes", max_connections=_MAX_CONNECTIONS)
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        if self.http is not None:
+            await self.http.close()
+            self.http = None
 
     async def infer(self, request: InferRequest, ctx: RequestContext) -> InferResponse:
         raw = request.raw if request.raw is not None and request.raw.protocol == PROTOCOL else None
@@ -100,29 +96,16 @@ class GraphStormClient(UpstreamClient):
         return InferResponse(request.model_name, request.model_version, request.id, outputs)
 
     async def _exchange(self, method: str, path: str, body: bytes | bytearray | None = None,
-                        headers: dict[str, str] | None = None) -> bytes:
+                        headers: dict[str, str] | None = None) -> bytes | bytearray:
         headers = headers if headers is not None else self.request_headers(None)
-        if self._session is None:
+        if self.http is None:
             raise GatewayError(ErrorKind.UPSTREAM_UNAVAILABLE, f"upstream {self.label} is not started")
-        limit = self.services.config.limits.max_request_bytes
-        try:
-            # Redirects are answers, never followed: addresses come only from config.
-            async with self._session.request(method, self._url(path), data=body, headers=headers,
-                                             server_hostname=self._tls.server_hostname,
-                                             allow_redirects=False) as reply:
-                if reply.content_length is not None and reply.content_length > limit:
-                    raise _too_large(self.label, limit)
-                answer = await reply.content.read(limit + 1)
-                if len(answer) > limit:
-                    raise _too_large(self.label, limit)
-                if reply.status != 200:
-                    kind = ErrorKind.UPSTREAM_UNAVAILABLE if reply.status in (502, 503, 504) \
-                        else ErrorKind.UPSTREAM_BAD_RESPONSE
-                    raise GatewayError(kind, f"upstream {self.label} answered HTTP {reply.status} on {path}")
-                return answer
-        except (aiohttp.ClientError, OSError) as exc:
-            raise GatewayError(ErrorKind.UPSTREAM_UNAVAILABLE,
-                               f"upstream {self.label} is unreachable: {type(exc).__name__}") from None
+        reply = await self.http.request(method, path, headers, body)
+        if reply.status != 200:
+            kind = ErrorKind.UPSTREAM_UNAVAILABLE if reply.status in (502, 503, 504) \
+                else ErrorKind.UPSTREAM_BAD_RESPONSE
+            raise GatewayError(kind, f"upstream {self.label} answered HTTP {reply.status} on {path}")
+        return reply.body
 
     async def _ping(self) -> bool:
         try:
@@ -141,7 +124,3 @@ class GraphStormClient(UpstreamClient):
 
     async def server_ready(self, ctx: RequestContext) -> bool:
         return await self._ping()
-
-
-def _too_large(label: str, limit: int) -> GatewayError:
-    return GatewayError(ErrorKind.UPSTREAM_BAD_RESPONSE, f"upstream {label} answered more than {limit} bytes")

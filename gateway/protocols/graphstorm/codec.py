@@ -129,7 +129,7 @@ def encode_request(graph: GraphTensors, task: str) -> bytes:
     return orjson.dumps(encode_payload(graph, task))
 
 
-def decode_envelope(body: bytes, upstream: str) -> dict[str, Any]:
+def decode_envelope(body: bytes | bytearray, upstream: str) -> dict[str, Any]:
     """An endpoint's answer; UPSTREAM_BAD_RESPONSE unless it is an envelope."""
     try:
         envelope = orjson.loads(body)

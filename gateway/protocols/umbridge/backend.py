@@ -13,18 +13,16 @@ import asyncio
 import re
 from typing import Any
 
-import aiohttp
 import numpy as np
 
 from gateway.confignode import Node
-from gateway.errors import ErrorKind, GatewayError, invalid, model_not_found, unsupported
+from gateway.errors import GatewayError, invalid, model_not_found, unsupported
 from gateway.protocols.base import UpstreamClient
 from gateway.protocols.umbridge import codec
 from gateway.protocols.umbridge.cache import TtlCache
 from gateway.protocols.umbridge.mapping import umbridge_metadata
 from gateway.protocols.umbridge.options import UpstreamOptions, parse_upstream_options
-from gateway.protocols.upstream import CONNECT_TIMEOUT
-from gateway.tls import HttpClientTls, http_client_tls
+from gateway.tls import http_client_tls
 from gateway.types import (
     DERIVATIVE_OPERATION,
     METADATA_OPERATION,
@@ -36,10 +34,10 @@ from gateway.types import (
     RequestContext,
     Tensor,
 )
+from gateway.upstream_http import UpstreamHttp
 
 PLATFORM = "umbridge"
 _INPUT_NAME = re.compile(r"^input_(0|[1-9][0-9]{0,5})$")
-_CHUNK = 1 << 16
 
 
 class UmbridgeClient(UpstreamClient):
@@ -52,67 +50,37 @@ class UmbridgeClient(UpstreamClient):
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         self.options: UpstreamOptions = self.upstream.options or UpstreamOptions()
-        self._tls = HttpClientTls()
-        self.base_url = self._tls.url(self.endpoint)
-        self._session: aiohttp.ClientSession | None = None
+        self.http: UpstreamHttp | None = None
         self._info: TtlCache[list[str]] = TtlCache(self.options.metadata_ttl)
         self._described: TtlCache[ModelMetadata] = TtlCache(self.options.metadata_ttl)
 
     async def start(self) -> None:
-        # force_close: a fresh connection per call unless keepalive is on
-        # (the C++ reference server stalls ~40 ms on reused connections).
-        self._tls = http_client_tls(self.upstream.tls)  # certificates are read now (docs/security.md)
-        self.base_url = self._tls.url(self.endpoint)
-        connector = aiohttp.TCPConnector(force_close=not self.options.keepalive, limit=0, ssl=self._tls.ssl)
-        # No total timeout (aiohttp's default is 5 min): models may run for
-        # hours; the data plane bounds a call by the route's deadline, if any.
-        self._session = aiohttp.ClientSession(connector=connector, auto_decompress=True,
-                                              skip_auto_headers=("User-Agent",),
-                                              timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT))
+        # Without keepalive, a new connection per call (the C++ reference
+        # server stalls ~40 ms on reused connections). No bound on the
+        # connections: the cluster bounds the calls per endpoint. No total
+        # timeout: models may run for hours; the data plane bounds a call
+        # by the route's deadline, if any.
+        assert self.endpoint is not None
+        self.http = UpstreamHttp(self.endpoint, http_client_tls(self.upstream.tls), self.label,
+                                 max_response=self.services.config.limits.max_request_bytes,
+                                 limit_name="limits.max_request_bytes", keepalive=self.options.keepalive)
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        if self.http is not None:
+            await self.http.close()
+            self.http = None
 
     # --- HTTP ------------------------------------------------------------------
 
-    async def _read(self, response: aiohttp.ClientResponse) -> bytes:
-        limit = self.services.config.limits.max_request_bytes
-        if response.content_length is not None and response.content_length > limit:
-            raise GatewayError(ErrorKind.UPSTREAM_BAD_RESPONSE,
-                               f"upstream {self.label} answered {response.content_length} bytes, over {limit}")
-        data = bytearray()
-        async for chunk in response.content.iter_chunked(_CHUNK):
-            data += chunk
-            if len(data) > limit:
-                raise GatewayError(ErrorKind.UPSTREAM_BAD_RESPONSE,
-                                   f"upstream {self.label} answered more than {limit} bytes")
-        return bytes(data)
-
     async def _exchange(self, method: str, path: str, body: bytes | None,
-                        ctx: RequestContext | None = None) -> tuple[int, bytes]:
-        if self._session is None:
+                        ctx: RequestContext | None = None) -> tuple[int, bytes | bytearray]:
+        if self.http is None:
             await self.start()
-        assert self._session is not None
+        assert self.http is not None
         headers = {"Content-Type": codec.JSON_TYPE} if body is not None else {}
         headers.update(self.request_headers(ctx))
-        for attempt in range(2):
-            try:
-                # Redirects are answers, never followed: addresses come only from config.
-                async with self._session.request(method, self.base_url + path, data=body, headers=headers,
-                                                 server_hostname=self._tls.server_hostname,
-                                                 allow_redirects=False) as resp:
-                    return resp.status, await self._read(resp)
-            except aiohttp.ServerDisconnectedError:
-                # A kept-alive connection the server had just closed: try once more on a new one.
-                if not self.options.keepalive or attempt:
-                    raise GatewayError(ErrorKind.UPSTREAM_UNAVAILABLE,
-                                       f"upstream {self.label} closed the connection") from None
-            except (aiohttp.ClientError, OSError) as exc:
-                raise GatewayError(ErrorKind.UPSTREAM_UNAVAILABLE,
-                                   f"upstream {self.label} is unreachable: {type(exc).__name__}") from None
-        raise AssertionError("unreachable")
+        reply = await self.http.request(method, path, headers, body)
+        return reply.status, reply.body
 
     async def _call(self, method: str, path: str, body: bytes | None = None,
                     ctx: RequestContext | None = None) -> dict[str, Any]:

@@ -75,7 +75,7 @@ _PY_NONFINITE = re.compile(r"(?<![\w.\"])(-?)(nan|inf)(?![\w\"])")
 # --- JSON --------------------------------------------------------------------
 
 
-def _loads(body: bytes, allow_python_repr: bool) -> Any:
+def _loads(body: bytes | bytearray, allow_python_repr: bool) -> Any:
     try:
         return orjson.loads(body)
     except orjson.JSONDecodeError as exc:
@@ -92,7 +92,7 @@ def _loads(body: bytes, allow_python_repr: bool) -> Any:
         raise malformed(f"the body is not valid JSON: {error.msg} at position {error.pos}") from None
 
 
-def load_object(body: bytes, what: str, allow_python_repr: bool = False) -> dict[str, Any]:
+def load_object(body: bytes | bytearray, what: str, allow_python_repr: bool = False) -> dict[str, Any]:
     if not body.strip():
         raise malformed(f"{what} is empty; expected a JSON object")
     obj = _loads(body, allow_python_repr)
@@ -316,7 +316,7 @@ def _bad(upstream: str, problem: str) -> GatewayError:
     return GatewayError(ErrorKind.UPSTREAM_BAD_RESPONSE, f"upstream {upstream} answered {problem}")
 
 
-def decode_answer(body: bytes, upstream: str) -> dict[str, Any]:
+def decode_answer(body: bytes | bytearray, upstream: str) -> dict[str, Any]:
     try:
         return load_object(body, "the answer", allow_python_repr=True)
     except GatewayError as exc:

@@ -1,6 +1,6 @@
-"""V2 REST upstream client (aiohttp), JSON or Triton's binary extension.
+"""V2 REST upstream client, JSON or Triton's binary extension.
 
-One keep-alive connection pool per endpoint. ``binary: auto`` asks the
+One keep-alive connection pool per endpoint (gateway/upstream_http.py). ``binary: auto`` asks the
 server's metadata (``GET /v2``) whether it lists ``binary_tensor_data``;
 when that cannot be read it tries binary and falls back to JSON once a
 server rejects binary with 400/415/422 (MLServer 1.7.1 answers 422), and
@@ -23,23 +23,15 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
-import aiohttp
 import orjson
 
 from gateway.confignode import Node
-from gateway.errors import ErrorKind, GatewayError, connect_failure, connection_reset, unsupported
+from gateway.errors import ErrorKind, GatewayError, unsupported
 from gateway.observe import PASSTHROUGH_REQUEST_ONLY, PASSTHROUGH_TRANSLATED, PASSTHROUGH_VERBATIM
 from gateway.protocols.base import UpstreamClient
-from gateway.protocols.upstream import (
-    CONNECT_TIMEOUT,
-    connect_error_words,
-    parse_response_limit,
-    reading_reply,
-    response_limit,
-    too_large_reply,
-)
+from gateway.protocols.upstream import parse_response_limit, reading_reply, response_limit
 from gateway.protocols.v2_rest import codec
-from gateway.tls import HttpClientTls, http_client_tls
+from gateway.tls import http_client_tls
 from gateway.types import (
     MODEL_CONFIG_OPERATION,
     ExtensionRequest,
@@ -49,17 +41,13 @@ from gateway.types import (
     RawPayload,
     RequestContext,
 )
+from gateway.upstream_http import HttpReply, UpstreamHttp
 
 log = logging.getLogger(__name__)
 BINARY_EXTENSION = "binary_tensor_data"
 _REJECTS_BINARY = (400, 415, 422)  # how servers without the extension answer it
-_READ_CHUNK = 1 << 20
 # How servers without the model-configuration endpoint answer it.
 _NO_CONFIG_ENDPOINT = (404, 405, 501)
-# Idle pooled connections are dropped before common servers close them
-# (uvicorn, under MLServer and KServe, closes after 5 s): writing a request
-# onto a connection the server is closing fails mid-body.
-_IDLE_KEEPALIVE_S = 4.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,16 +57,8 @@ class RestUpstreamOptions:
     max_response_bytes: int | None = None  # None: 4 x limits.max_request_bytes
 
 
-@dataclass(slots=True)
-class Reply:
-    status: int
-    headers: Any
-    body: bytes
-
-
 class V2RestClient(UpstreamClient):
-    _session: aiohttp.ClientSession | None = None
-    _tls = HttpClientTls()
+    http: UpstreamHttp | None = None
 
     @classmethod
     def parse_options(cls, node: Node) -> RestUpstreamOptions:
@@ -97,56 +77,28 @@ class V2RestClient(UpstreamClient):
         self._asked_metadata = False
 
     async def start(self) -> None:
-        self._tls = http_client_tls(self.upstream.tls)  # certificates are read now (docs/security.md)
-        connector = aiohttp.TCPConnector(limit=self.options.max_connections, keepalive_timeout=_IDLE_KEEPALIVE_S,
-                                         ssl=self._tls.ssl)
-        # No total timeout here: the data plane bounds every call by the route's deadline.
-        self._session = aiohttp.ClientSession(self._tls.url(self.endpoint), connector=connector,
-                                              timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT))
+        assert self.endpoint is not None
+        # Certificates are read now (docs/security.md). No total timeout: the
+        # data plane bounds every call by the route's deadline.
+        self.http = UpstreamHttp(self.endpoint, http_client_tls(self.upstream.tls), self.label,
+                                 max_connections=self.options.max_connections, max_response=self.max_response)
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        if self.http is not None:
+            await self.http.close()
+            self.http = None
 
     # --- transport ---------------------------------------------------------------
 
     async def _send(self, method: str, path: str, body: bytes | bytearray | None = None,
-                    headers: dict[str, str] | None = None, ctx: RequestContext | None = None) -> Reply:
-        if self._session is None:
+                    headers: dict[str, str] | None = None, ctx: RequestContext | None = None) -> HttpReply:
+        if self.http is None:
             raise GatewayError(ErrorKind.INTERNAL, f"upstream {self.label} is not started")
-        # Tensors barely compress and the upstream is usually near: ask for
-        # none (MLServer would gzip every reply aiohttp's default accepts).
-        headers = {"Accept-Encoding": "identity", **(headers or {}), **self.request_headers(ctx)}
-        try:
-            # Redirects are answers, never followed: addresses come only from config.
-            async with self._session.request(method, path, data=body, headers=headers,
-                                             server_hostname=self._tls.server_hostname,
-                                             allow_redirects=False) as response:
-                declared = response.content_length
-                if declared is not None and declared > self.max_response:
-                    raise too_large_reply(self.label, declared, self.max_response)
-                chunks, size = [], 0
-                async for chunk in response.content.iter_chunked(_READ_CHUNK):
-                    size += len(chunk)
-                    if size > self.max_response:
-                        raise too_large_reply(self.label, size, self.max_response)
-                    chunks.append(chunk)
-                return Reply(response.status, response.headers, b"".join(chunks))
-        except aiohttp.ClientConnectorError as exc:
-            # Named failures (not bare kinds): retry policies and outlier
-            # detection tell "never reached it" from "it answered 503".
-            # aiohttp's own text names the address: the log has it (gateway/proxy.py).
-            raise connect_failure(self.label, connect_error_words(exc.os_error, self.endpoint)) from None
-        except aiohttp.ServerDisconnectedError:
-            raise connection_reset(self.label, "closed the connection without answering") from None
-        except aiohttp.ClientConnectionError as exc:
-            raise connection_reset(self.label, type(exc).__name__) from None
-        except aiohttp.ClientError as exc:  # aiohttp's text may quote the reply: name the failure only
-            raise GatewayError(ErrorKind.UPSTREAM_BAD_RESPONSE,
-                               f"upstream {self.label} sent an unreadable HTTP reply ({type(exc).__name__})") from None
+        # Tensors barely compress and the upstream is usually near: the
+        # transport asks for uncompressed replies (Accept-Encoding: identity).
+        return await self.http.request(method, path, {**(headers or {}), **self.request_headers(ctx)}, body)
 
-    def _error(self, reply: Reply) -> GatewayError:
+    def _error(self, reply: HttpReply) -> GatewayError:
         return codec.decode_error(reply.status, reply.body, self.label)
 
     @staticmethod
@@ -172,7 +124,7 @@ class V2RestClient(UpstreamClient):
                      "listed, sending binary" if self.binary else "not listed, sending JSON")
 
     async def _infer_once(self, request: InferRequest, binary: bool, raw: RawPayload | None,
-                          ctx: RequestContext) -> Reply:
+                          ctx: RequestContext) -> HttpReply:
         """One attempt: the client's own bytes (``raw``), or the request
         encoded with binary or JSON tensors."""
         if raw is not None:
@@ -201,7 +153,7 @@ class V2RestClient(UpstreamClient):
         are trusted only when the client asked for neither."""
         return self.binary is True or not (request.outputs or codec.binary_outputs_requested(request))
 
-    def _raw_answer(self, reply: Reply) -> RawPayload:
+    def _raw_answer(self, reply: HttpReply) -> RawPayload:
         """The answer's bytes, once checked as translation would check them:
         a malformed answer is the upstream's fault (502), never the client's
         problem to parse. The decoded tensors are dropped at once (binary

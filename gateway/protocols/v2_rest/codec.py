@@ -74,7 +74,7 @@ def encode_error(error: GatewayError) -> tuple[int, bytes]:
     return STATUS_OF_KIND[error.kind], orjson.dumps({"error": error.message})
 
 
-def decode_error(status: int, body: bytes, upstream: str) -> GatewayError:
+def decode_error(status: int, body: bytes | bytearray, upstream: str) -> GatewayError:
     """An upstream's error answer as a gateway error (never passed through blindly)."""
     try:
         message = str(orjson.loads(body).get("error", ""))[:512]
@@ -101,7 +101,7 @@ def decode_error(status: int, body: bytes, upstream: str) -> GatewayError:
 # --- JSON helpers ----------------------------------------------------------
 
 
-def _loads_nonfinite_literals(data: bytes | memoryview, what: str) -> Any:
+def _loads_nonfinite_literals(data: bytes | bytearray | memoryview, what: str) -> Any:
     """Python's json, which reads the NaN/Infinity/-Infinity literals Triton
     writes for non-finite values (orjson refuses them); None if it fails too.
     MALFORMED for what orjson refuses besides: lone surrogates, integers
@@ -117,7 +117,7 @@ def _loads_nonfinite_literals(data: bytes | memoryview, what: str) -> Any:
         return None
 
 
-def load_json_object(data: bytes | memoryview, what: str) -> dict[str, Any]:
+def load_json_object(data: bytes | bytearray | memoryview, what: str) -> dict[str, Any]:
     try:
         obj = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
@@ -647,7 +647,7 @@ def encode_infer_request(request: InferRequest, binary: bool) -> tuple[bytes, di
     return join_body(head, chunks)
 
 
-def decode_infer_response(body: bytes, header_length: str | None, max_elements: int) -> InferResponse:
+def decode_infer_response(body: bytes | bytearray, header_length: str | None, max_elements: int) -> InferResponse:
     head, binary = split_body(body, header_length)
     obj = load_json_object(head, "the response")
     outputs = decode_tensors(_required(obj, "outputs", list, "response"), binary, "output", max_elements)
@@ -692,7 +692,7 @@ def _spec_from_json(item: Any, where: str) -> TensorSpec:
     return TensorSpec(name, datatype, shape, dict(_optional(item, "parameters", dict, where, {})))
 
 
-def decode_model_metadata(body: bytes) -> ModelMetadata:
+def decode_model_metadata(body: bytes | bytearray) -> ModelMetadata:
     obj = load_json_object(body, "model metadata")
     versions = _optional(obj, "versions", list, "model metadata", [])
     return ModelMetadata(
