@@ -5,17 +5,25 @@ Binary: raw little-endian bytes, read as zero-copy numpy views; BYTES
 elements each a uint32 little-endian length followed by the bytes (the
 layout of Triton's binary extension and of KServe gRPC's raw contents).
 BF16 travels as its 16-bit patterns in a uint16 array.
+
+Big JSON texts are read by :func:`read_json_fast`: numeric lists straight
+into numpy (:class:`JsonNumbers`), without a Python object per element.
 """
 
 from __future__ import annotations
 
+import math
 import struct
-from typing import Any
+import threading
+from collections.abc import Callable
+from typing import Any, Literal, TypeVar
 
 import numpy as np
+import orjson
+import simdjson
 
 from gateway.errors import invalid, malformed, too_large
-from gateway.limits import BYTES_PREFIX, TensorBudget
+from gateway.limits import BYTES_PREFIX, TensorBudget, whole_bytes
 from gateway.types import ELEMENT_SIZE, NUMPY_DTYPES, Tensor, element_count
 
 _INT_KINDS = "iu"
@@ -62,6 +70,8 @@ def bf16_to_float(bits: np.ndarray) -> np.ndarray:
 def _json_leaf_count(data: Any) -> int:
     """Elements of JSON ``data``, flat or nested, following the first
     element of each level (ragged data is caught later, when parsed)."""
+    if isinstance(data, JsonNumbers):
+        return int(data.values.size)
     if not isinstance(data, list):
         return 1
     if data and isinstance(data[0], list):
@@ -69,7 +79,7 @@ def _json_leaf_count(data: Any) -> int:
     return len(data)
 
 
-def check_json_count(data: list[Any], shape: list[Any], where: str) -> None:
+def check_json_count(data: list[Any] | JsonNumbers, shape: list[Any], where: str) -> None:
     """Raise the shape-versus-data error when ``data`` does not fill ``shape``."""
     needed = element_count(shape, where)
     held = _json_leaf_count(data)
@@ -79,7 +89,10 @@ def check_json_count(data: list[Any], shape: list[Any], where: str) -> None:
 
 def array_from_json(data: Any, datatype: str, shape: tuple[int, ...], count: int, where: str,
                     budget: TensorBudget | None = None) -> np.ndarray:
-    """JSON ``data`` (flat or nested, row-major) as an array of ``shape``."""
+    """JSON ``data`` (flat or nested, row-major, or read by
+    :func:`read_json_fast`) as an array of ``shape``."""
+    if isinstance(data, JsonNumbers):  # what np.array(data) gives, already made
+        return _checked_numbers(data.values.reshape(data.shape), data, datatype, shape, count, where)
     if not isinstance(data, list):
         raise malformed(f"{where}: 'data' must be a list")
     if datatype == "BYTES":
@@ -95,6 +108,13 @@ def array_from_json(data: Any, datatype: str, shape: tuple[int, ...], count: int
         parsed = np.array(data)
     except (ValueError, OverflowError):
         raise invalid(f"{where}: 'data' is not a regular (non-ragged) list of numbers") from None
+    return _checked_numbers(parsed, data, datatype, shape, count, where)
+
+
+def _checked_numbers(parsed: np.ndarray, data: Any, datatype: str, shape: tuple[int, ...], count: int,
+                     where: str) -> np.ndarray:
+    """``parsed`` (numpy's reading of JSON ``data``) checked against the
+    datatype and shape, as an array of ``shape``."""
     if parsed.size != count:
         raise invalid(f"{where}: has {parsed.size} data elements but shape {list(shape)} needs {count}")
     if count == 0:
@@ -253,3 +273,218 @@ def array_to_raw(tensor: Tensor) -> bytes | memoryview:
         return bytes_to_raw(tensor.data)
     data = np.ascontiguousarray(tensor.data, dtype=NUMPY_DTYPES[tensor.datatype])
     return memoryview(data.reshape(-1).view(np.uint8))  # type: ignore[arg-type]  # also for empty tensors
+
+
+# --- big JSON texts: numbers straight into numpy -----------------------------
+#
+# orjson builds a Python float per JSON number and numpy then copies them
+# (~40 + 13 ms for a million). simdjson (pysimdjson) parses the same text
+# into its own tape in ~11 ms and copies a numeric list out as doubles or
+# 64-bit integers with no Python object per element. It is used only where
+# it gives exactly what orjson gives; everything else, and every error,
+# goes to orjson as before (docs/performance.md, "JSON").
+
+# Smaller texts are read by orjson alone: as fast, and no parser to set up.
+FAST_JSON_MIN_BYTES = 64 << 10
+# Texts up to this size are parsed by a parser kept per thread, whose
+# buffers (~3 times the largest text it read) stay allocated; bigger ones by
+# a parser made and freed for them (~10 ms more for 10 MB, in page faults),
+# so that no pool thread keeps a big body's worth of memory when idle.
+_KEPT_PARSER_MAX_BYTES = 1 << 20
+# Quotes in a text the fast reader takes: a text of more strings gains
+# nothing from it (strings become Python objects either way).
+_FAST_JSON_MAX_QUOTES = 4096
+# Nested lists are read fast when their rows hold this many numbers or
+# more: each row is visited once to check that the nesting is regular.
+_FAST_JSON_MIN_ROW = 16
+_BOM = b"\xef\xbb\xbf"  # simdjson skips it, orjson refuses it
+_QUOTE, _OPEN_ARRAY = ord('"'), ord("[")
+_PROFILE_CHUNK = 1 << 20  # bytes compared per numpy call: memory stays a few chunks
+
+_BufferType = Literal["d", "i", "u"]
+# A datatype's numbers as simdjson copies them out: what np.array makes of
+# the same JSON numbers (float64, int64) unless a value does not fit.
+_BUFFER_TYPES: dict[str, _BufferType] = {
+    **dict.fromkeys(("FP16", "FP32", "FP64", "BF16"), "d"),
+    **dict.fromkeys(("INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32"), "i"),
+    "UINT64": "u",
+}
+_BUFFER_DTYPES = {"d": np.float64, "i": np.int64, "u": np.uint64}
+# Integers from 2**53 on are not all doubles: np.array keeps an all-integer
+# list as int64 and rounds once to FP32, simdjson's doubles would round twice.
+_EXACT_DOUBLE_INTEGERS = 2.0 ** 53
+
+T = TypeVar("T")
+_threads = threading.local()
+
+
+class JsonNumbers:
+    """A JSON list of numbers (flat, or nested and regular) read into
+    numpy: its values, row-major, as float64, int64 or uint64, the shape of
+    its nesting, and how many JSON lists it was written as."""
+
+    __slots__ = ("arrays", "shape", "values")
+
+    def __init__(self, values: np.ndarray, shape: tuple[int, ...], arrays: int) -> None:
+        self.values = values
+        self.shape = shape
+        self.arrays = arrays
+
+
+class NotFast(Exception):
+    """The fast reader cannot vouch for giving what orjson gives."""
+
+
+def read_json_fast(text: bytes | bytearray | memoryview, convert: Callable[[Any], T],
+                   charge: Callable[[int], None] | None = None) -> T | None:
+    """``convert`` of ``text`` parsed by simdjson, or None: the text is not
+    one the fast reader takes, simdjson refuses it, or ``convert`` raises
+    :class:`NotFast`. The caller then reads it with orjson, whose values and
+    errors are the reference.
+
+    ``convert`` gets the parsed document as simdjson's proxies and must turn
+    all of it into Python values with :func:`json_fields`, :func:`plain` and
+    :func:`json_numbers` (no proxy may outlive the call). ``charge`` takes
+    what the parser needs beyond what parsing is charged per value (its
+    padded copy of the text and of its strings), before it is allocated.
+    """
+    raw = whole_bytes(text)
+    profile = _text_profile(raw)
+    if profile is None:
+        return None
+    brackets, string_bytes = profile
+    if charge is not None:
+        charge(len(raw) + string_bytes)
+    kept = len(raw) <= _KEPT_PARSER_MAX_BYTES
+    parser = _kept_parser() if kept else simdjson.Parser()
+    try:
+        value = convert(parser.parse(raw))
+    except RuntimeError:  # nesting past simdjson's 1024, or proxies left alive by a failed call: a new parser
+        if kept:
+            _threads.parser = None
+        return None
+    except (NotFast, ValueError, TypeError, KeyError, IndexError):  # simdjson refused the text, or a value
+        return None
+    return value if _brackets_add_up(value, brackets) else None
+
+
+def _kept_parser() -> simdjson.Parser:
+    parser: simdjson.Parser | None = getattr(_threads, "parser", None)
+    if parser is None:
+        parser = _threads.parser = simdjson.Parser()
+    return parser
+
+
+def _text_profile(text: bytes | bytearray) -> tuple[int, int] | None:
+    """A text's opening brackets and the bytes inside its strings, or None
+    when the fast reader leaves it to orjson: a byte-order mark, any escape
+    (so every quote delimits a string and every bracket in a string is
+    written as itself), or many strings. numpy a chunk at a time."""
+    if text[:3] == _BOM or text.find(b"\\") != -1:
+        return None
+    view = np.frombuffer(text, dtype=np.uint8)
+    brackets = 0
+    quotes: list[np.ndarray] = []
+    held = 0
+    for start in range(0, len(view), _PROFILE_CHUNK):
+        chunk = view[start:start + _PROFILE_CHUNK]
+        brackets += int(np.count_nonzero(chunk == _OPEN_ARRAY))
+        found = np.flatnonzero(chunk == _QUOTE)
+        held += len(found)
+        if held > _FAST_JSON_MAX_QUOTES:
+            return None
+        quotes.append(found + start)
+    positions = np.concatenate(quotes) if quotes else np.zeros(0, np.intp)
+    if len(positions) % 2:
+        return None  # not JSON: orjson says why
+    return brackets, int((positions[1::2] - positions[::2] - 1).sum())
+
+
+def _brackets_add_up(value: Any, brackets: int) -> bool:
+    """Whether the text's ``brackets`` are exactly the lists of ``value``
+    (and the ``[`` in its strings) plus those each JsonNumbers was read from.
+    A list the shape check could not see (a list where a row held a
+    number) adds one, and the value is read again by orjson."""
+    numbered = 0
+
+    def as_null(item: Any) -> None:
+        nonlocal numbered
+        if not isinstance(item, JsonNumbers):
+            raise TypeError
+        numbered += item.arrays
+
+    try:
+        skeleton = orjson.dumps(value, default=as_null)
+    except orjson.JSONEncodeError:  # e.g. nested deeper than orjson writes
+        return False
+    return skeleton.count(b"[") + numbered == brackets
+
+
+def json_fields(value: Any) -> dict[str, Any]:
+    """A JSON object's fields as simdjson proxies and values. NotFast when
+    it is not an object, or when a lookup by key would not find what
+    orjson keeps: a key given twice (orjson keeps the last) or holding NUL."""
+    if not isinstance(value, simdjson.Object):
+        raise NotFast
+    keys = list(value)
+    if len(set(keys)) != len(keys) or any("\0" in key for key in keys):
+        raise NotFast
+    return {key: value[key] for key in keys}
+
+
+def is_json_object(value: Any) -> bool:
+    return isinstance(value, simdjson.Object)
+
+
+def is_json_array(value: Any) -> bool:
+    return isinstance(value, simdjson.Array)
+
+
+def plain(value: Any) -> Any:
+    """A parsed JSON value as Python objects (orjson's: the last of
+    repeated keys wins)."""
+    if isinstance(value, simdjson.Object):
+        return value.as_dict()
+    if isinstance(value, simdjson.Array):
+        return value.as_list()
+    return value
+
+
+def json_numbers(value: Any, datatype: str) -> JsonNumbers | None:
+    """A parsed JSON list of ``datatype`` numbers as :class:`JsonNumbers`,
+    or None when it is not one that can be read so (not numbers, nested
+    irregularly or in short rows, values np.array would read otherwise):
+    then :func:`plain` it."""
+    of_type = _BUFFER_TYPES.get(datatype)
+    if of_type is None or not isinstance(value, simdjson.Array):
+        return None
+    shape = [len(value)]
+    first: Any = value
+    while len(first):
+        first = first[0]
+        if not isinstance(first, simdjson.Array):
+            break
+        shape.append(len(first))
+    arrays = 1
+    if len(shape) > 1:
+        if shape[-1] < _FAST_JSON_MIN_ROW:
+            return None
+        level = [value]
+        for length in shape[1:]:  # every list above the numbers, checked
+            below = []
+            for array in level:
+                for child in array:
+                    if not isinstance(child, simdjson.Array) or len(child) != length:
+                        return None
+                    below.append(child)
+            arrays += len(below)
+            level = below
+    try:
+        values = np.frombuffer(value.as_buffer(of_type=of_type), dtype=_BUFFER_DTYPES[of_type])
+    except (TypeError, ValueError):  # not all numbers, or not all of the type
+        return None
+    if values.size != math.prod(shape):
+        return None
+    if datatype == "FP32" and values.size and max(values.max(), -values.min()) >= _EXACT_DOUBLE_INTEGERS:
+        return None
+    return JsonNumbers(values, tuple(shape), arrays)

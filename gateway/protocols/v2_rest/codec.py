@@ -18,10 +18,18 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from gateway import tensors
 from gateway.errors import ErrorKind, GatewayError, invalid, malformed
 from gateway.jsontext import UnportableJson, python_loads
-from gateway.limits import TensorBudget, check_json_depth
-from gateway.tensors import array_from_json, array_from_raw, array_to_json, array_to_raw, check_json_count
+from gateway.limits import TensorBudget, check_json_depth, count_bytes
+from gateway.tensors import (
+    JsonNumbers,
+    array_from_json,
+    array_from_raw,
+    array_to_json,
+    array_to_raw,
+    check_json_count,
+)
 from gateway.types import (
     InferRequest,
     InferResponse,
@@ -96,7 +104,7 @@ def decode_error(status: int, body: bytes, upstream: str) -> GatewayError:
 # --- JSON helpers ----------------------------------------------------------
 
 
-def _loads_nonfinite_literals(data: bytes | memoryview, what: str) -> Any:
+def _loads_nonfinite_literals(data: bytes | bytearray | memoryview, what: str) -> Any:
     """Python's json, which reads the NaN/Infinity/-Infinity literals Triton
     writes for non-finite values (orjson refuses them); None if it fails too.
     MALFORMED for what orjson refuses besides: lone surrogates, integers
@@ -112,7 +120,7 @@ def _loads_nonfinite_literals(data: bytes | memoryview, what: str) -> Any:
         return None
 
 
-def load_json_object(data: bytes | memoryview, what: str) -> dict[str, Any]:
+def load_json_object(data: bytes | bytearray | memoryview, what: str) -> dict[str, Any]:
     try:
         obj = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
@@ -122,6 +130,40 @@ def load_json_object(data: bytes | memoryview, what: str) -> dict[str, Any]:
     if not isinstance(obj, dict):
         raise malformed(f"{what} must be a JSON object")
     return obj
+
+
+def load_infer_json(data: bytes | bytearray | memoryview, what: str, tensors_key: str,
+                    charge: Callable[[int], None] | None = None) -> dict[str, Any]:
+    """:func:`load_json_object` for an infer request (``tensors_key``
+    "inputs") or answer ("outputs"): in a big text, the data of each numeric
+    tensor is read straight into numpy (:class:`tensors.JsonNumbers`) when
+    the fast reader can vouch for it; ``charge`` takes what its parser needs."""
+    if len(data) >= tensors.FAST_JSON_MIN_BYTES:
+        obj = tensors.read_json_fast(data, lambda root: _fast_infer_object(root, tensors_key), charge)
+        if obj is not None:
+            return obj
+    return load_json_object(data, what)
+
+
+def _fast_infer_object(root: Any, tensors_key: str) -> dict[str, Any]:
+    """The parsed object as Python values, the data of its tensors read by
+    :func:`tensors.json_numbers` where it can (else a list, as orjson's)."""
+    obj = tensors.json_fields(root)
+    for key, value in obj.items():
+        obj[key] = ([_fast_tensor(item) for item in value] if key == tensors_key and tensors.is_json_array(value)
+                    else tensors.plain(value))
+    return obj
+
+
+def _fast_tensor(item: Any) -> Any:
+    if not tensors.is_json_object(item):
+        return tensors.plain(item)
+    fields = tensors.json_fields(item)
+    datatype = tensors.plain(fields.get("datatype"))
+    for key, value in fields.items():
+        numbers = tensors.json_numbers(value, datatype) if key == "data" and isinstance(datatype, str) else None
+        fields[key] = tensors.plain(value) if numbers is None else numbers
+    return fields
 
 
 def _optional(obj: dict[str, Any], key: str, kind: type, where: str, default: Any) -> Any:
@@ -168,7 +210,7 @@ def decode_tensors(items: Any, binary: memoryview, where: str, max_elements: int
         except GatewayError as error:
             # A shape over the limits whose JSON data plainly disagrees with it
             # is the client's mistake (400), not a request that is too big.
-            if error.kind is ErrorKind.TOO_LARGE and isinstance(item.get("data"), list):
+            if error.kind is ErrorKind.TOO_LARGE and isinstance(item.get("data"), list | JsonNumbers):
                 check_json_count(item["data"], shape_list, label)
             raise
         parameters = dict(_optional(item, "parameters", dict, label, {}))
@@ -227,7 +269,7 @@ def decode_infer_request(body: bytes | bytearray, header_length: str | None, mod
     text = body if header_length is None else bytes(head)
     if limits is not None and not depth_checked:
         check_json_depth(text, limits.max_json_depth, "the request")
-    obj = load_json_object(head, "the request")
+    obj = load_infer_json(text, "the request", "inputs", charge)
     request_id = _optional(obj, "id", str, "request", "")
     parameters = dict(_optional(obj, "parameters", dict, "request", {}))
     budget = TensorBudget.of(limits, charge) if limits is not None else None
@@ -263,15 +305,21 @@ def _single_keys(text: bytes | bytearray, obj: dict[str, Any]) -> bool:
     rare, and then the request is simply translated). Numeric data holds no
     colons and is left out of the count.
     """
-    in_text = text.count(b":")
+    (in_text,) = count_bytes(text, b":")
     if text.find(b"\\") != -1:  # one fast scan; numeric bodies have no escapes to count
         in_text += sum(text.count(escaped) for escaped in _ESCAPED_COLONS)
     if len(text) < _SKELETON_MIN_BYTES:  # written back whole: cheaper than building the skeleton
-        return in_text == orjson.dumps(obj).count(b":")
+        return in_text == orjson.dumps(obj, default=_numbers_as_null).count(b":")
     skeleton = dict(obj)
     skeleton["inputs"] = [{**item, "data": None} if "data" in item and item.get("datatype") != "BYTES" else item
                           for item in obj["inputs"]]
-    return in_text == orjson.dumps(skeleton).count(b":")
+    return in_text == orjson.dumps(skeleton, default=_numbers_as_null).count(b":")
+
+
+def _numbers_as_null(item: Any) -> None:
+    """Numbers read by the fast reader hold no colon (nor do they as text)."""
+    if not isinstance(item, JsonNumbers):
+        raise TypeError
 
 
 # --- encoding tensors --------------------------------------------------------
@@ -410,7 +458,7 @@ def encode_infer_request(request: InferRequest, binary: bool) -> tuple[bytes, di
 
 def decode_infer_response(body: bytes, header_length: str | None, max_elements: int) -> InferResponse:
     head, binary = split_body(body, header_length)
-    obj = load_json_object(head, "the response")
+    obj = load_infer_json(head, "the response", "outputs")
     outputs = decode_tensors(_required(obj, "outputs", list, "response"), binary, "output", max_elements)
     return InferResponse(
         model_name=_optional(obj, "model_name", str, "response", ""),
