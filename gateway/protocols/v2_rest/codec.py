@@ -146,8 +146,8 @@ def load_infer_json(data: bytes | bytearray | memoryview, what: str, tensors_key
 
 
 def _fast_infer_object(root: Any, tensors_key: str) -> dict[str, Any]:
-    """The parsed object as Python values, the data of its tensors read by
-    :func:`tensors.json_numbers` where it can (else a list, as orjson's)."""
+    """The parsed object as Python values, its tensors' data read by
+    :func:`tensors.tensor_data`."""
     obj = tensors.json_fields(root)
     for key, value in obj.items():
         obj[key] = ([_fast_tensor(item) for item in value] if key == tensors_key and tensors.is_json_array(value)
@@ -161,8 +161,8 @@ def _fast_tensor(item: Any) -> Any:
     fields = tensors.json_fields(item)
     datatype = tensors.plain(fields.get("datatype"))
     for key, value in fields.items():
-        numbers = tensors.json_numbers(value, datatype) if key == "data" and isinstance(datatype, str) else None
-        fields[key] = tensors.plain(value) if numbers is None else numbers
+        fields[key] = (tensors.tensor_data(value, datatype) if key == "data" and isinstance(datatype, str)
+                       else tensors.plain(value))
     return fields
 
 
