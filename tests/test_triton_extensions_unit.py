@@ -17,7 +17,7 @@ from gateway.extensions.labels import ClassificationConfig
 from gateway.extensions.modelconfig import SYNTHESIZED_PARAMETER, UNKNOWN_MAX_BATCH_SIZE, batches, synthesize
 from gateway.extensions.statistics import StatisticsStore, batch_size
 from gateway.observe import RequestRecord
-from gateway.protocols.v2_rest.codec import float_to_bf16
+from gateway.tensors import float_to_bf16
 from gateway.types import InferRequest, ModelMetadata, RequestedOutput, Tensor, TensorSpec
 from support import parse_yaml_config
 

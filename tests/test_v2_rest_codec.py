@@ -10,6 +10,7 @@ import numpy as np
 import orjson
 import pytest
 
+from gateway import tensors
 from gateway.errors import GatewayError
 from gateway.protocols.v2_rest import codec
 from gateway.types import DATATYPES, NUMPY_DTYPES, InferRequest, InferResponse, RequestedOutput, Tensor
@@ -64,7 +65,7 @@ def _sample(datatype: str) -> np.ndarray:
         return rng.integers(0, 2, shape).astype(bool)
     dtype = NUMPY_DTYPES[datatype]
     if datatype == "BF16":
-        return codec.float_to_bf16(rng.normal(size=shape))
+        return tensors.float_to_bf16(rng.normal(size=shape))
     if dtype.kind == "f":
         return rng.normal(size=shape).astype(dtype)
     info = np.iinfo(dtype)
@@ -125,8 +126,8 @@ def test_per_output_binary_choice_beats_request_default() -> None:
 
 def test_bf16_json_rounds_to_nearest_even() -> None:
     # 1 + 2^-8 lies exactly between two bf16 values: ties go to the even one (1.0)
-    bits = codec.float_to_bf16(np.array([1.0 + 2**-8, 1.0 + 3 * 2**-8, -0.0, np.inf]))
-    assert codec.bf16_to_float(bits).tolist() == [1.0, 1.0 + 2**-6, -0.0, np.inf]
+    bits = tensors.float_to_bf16(np.array([1.0 + 2**-8, 1.0 + 3 * 2**-8, -0.0, np.inf]))
+    assert tensors.bf16_to_float(bits).tolist() == [1.0, 1.0 + 2**-6, -0.0, np.inf]
 
 
 def test_non_utf8_bytes_output_asks_for_binary() -> None:

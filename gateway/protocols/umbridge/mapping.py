@@ -18,7 +18,7 @@ import numpy as np
 from gateway.errors import ErrorKind, GatewayError, invalid, unsupported
 from gateway.protocols.umbridge.codec import CONFIG_PARAMETER, FEATURES, SUPPORT_PARAMETER
 from gateway.protocols.umbridge.options import FiniteDifferences, RouteOptions
-from gateway.protocols.v2_rest.codec import bf16_to_float, float_to_bf16
+from gateway.tensors import bf16_to_float, float_to_bf16
 from gateway.types import (
     DERIVATIVE_KINDS,
     NUMPY_DTYPES,

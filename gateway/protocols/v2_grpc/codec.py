@@ -33,7 +33,7 @@ from gateway.errors import (
 from gateway.limits import TensorBudget
 from gateway.protocols.v2_grpc import messages as pb
 from gateway.protocols.v2_grpc import rawwire
-from gateway.protocols.v2_rest.codec import array_from_raw, array_to_raw
+from gateway.tensors import array_from_raw, array_to_raw
 from gateway.types import (
     NUMPY_DTYPES,
     InferRequest,
