@@ -184,6 +184,10 @@ class DataPlane:
 
     @staticmethod
     def _resolve(generation: Generation, model: str, version: str, ctx: RequestContext) -> Route:
+        resolved = ctx.resolved
+        if resolved is not None and resolved[0] is generation and resolved[1] == model and resolved[2] == version:
+            known: Route = resolved[3]
+            return known  # resolved before the body was read (resolve()): once per request
         check_model(model, version)  # every frontend's names pass here (docs/security.md)
         route = generation.routes.resolve(model, version, ctx.listener, ctx.protocol, ctx.headers)
         if route is None:
@@ -192,6 +196,7 @@ class DataPlane:
         ctx.forward_authorization = route.config.forward_authorization
         ctx.forward_headers = route.forward_headers(ctx.headers, ctx.request_id)
         ctx.record.model, ctx.record.version, ctx.record.route = model, version, route.name
+        ctx.resolved = (generation, model, version, route)
         return route
 
     def _target(self, route: Route, model: str, version: str) -> tuple[str, str]:

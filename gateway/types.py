@@ -258,6 +258,9 @@ class RequestContext:
     # Set by the data plane from the route: send the client's Authorization
     # header upstream (UpstreamClient.request_headers); never by default.
     forward_authorization: bool = False
+    # (generation, model, version, route) of the last resolution: a request
+    # is routed once, however many steps ask (set by the data plane).
+    resolved: tuple[Any, str, str, Any] | None = None
 
     def remaining(self) -> float | None:
         if self.deadline is None:

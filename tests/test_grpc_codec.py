@@ -132,3 +132,12 @@ def test_upstream_status_to_kind(code: grpc.StatusCode, details: str, kind: Erro
 def test_encode_error_uses_the_table() -> None:
     code, message = codec.encode_error(GatewayError(ErrorKind.TOO_LARGE, "too big"))
     assert code is grpc.StatusCode.RESOURCE_EXHAUSTED and message == "too big"
+
+
+def test_an_upstreams_resource_exhausted_is_its_overload_unless_it_names_the_size() -> None:
+    """RESOURCE_EXHAUSTED from an upstream is its own limit (UPSTREAM_OVERLOADED,
+    as REST's 429), except grpc's message-size refusal, which is the request's."""
+    busy = codec.decode_error(grpc.StatusCode.RESOURCE_EXHAUSTED, "too many requests", "'up'")
+    big = codec.decode_error(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                             "Received message larger than max (9 vs. 4)", "'up'")
+    assert busy.kind is ErrorKind.UPSTREAM_OVERLOADED and big.kind is ErrorKind.TOO_LARGE

@@ -139,7 +139,7 @@ def test_non_utf8_bytes_output_asks_for_binary() -> None:
 def test_upstream_errors_are_mapped_not_passed_through() -> None:
     kinds = {status: codec.decode_error(status, b'{"error": "boom"}', "up").kind.name
              for status in (400, 404, 422, 429, 500, 503, 504)}
-    assert kinds == {400: "INVALID_INPUT", 404: "MODEL_NOT_FOUND", 422: "INVALID_INPUT", 429: "OVERLOADED",
+    assert kinds == {400: "INVALID_INPUT", 404: "MODEL_NOT_FOUND", 422: "INVALID_INPUT", 429: "UPSTREAM_OVERLOADED",
                      500: "UPSTREAM_BAD_RESPONSE", 503: "UPSTREAM_UNAVAILABLE", 504: "UPSTREAM_TIMEOUT"}
     assert "boom" in codec.decode_error(500, b'{"error": "boom"}', "up").message
 

@@ -62,7 +62,7 @@ _KIND_OF_TYPE = {
     "InvalidInput": ErrorKind.INVALID_INPUT,
     "InvalidOutput": ErrorKind.UPSTREAM_BAD_RESPONSE,
 }
-_KIND_OF_STATUS = {404: ErrorKind.MODEL_NOT_FOUND, 413: ErrorKind.TOO_LARGE, 429: ErrorKind.OVERLOADED,
+_KIND_OF_STATUS = {404: ErrorKind.MODEL_NOT_FOUND, 413: ErrorKind.TOO_LARGE, 429: ErrorKind.UPSTREAM_OVERLOADED,
                    501: ErrorKind.UNSUPPORTED, 502: ErrorKind.UPSTREAM_UNAVAILABLE,
                    503: ErrorKind.UPSTREAM_UNAVAILABLE, 504: ErrorKind.UPSTREAM_TIMEOUT}
 

@@ -75,7 +75,7 @@ KIND_OF_UPSTREAM_CODE: Mapping[grpc.StatusCode, ErrorKind] = MappingProxyType({
     grpc.StatusCode.UNIMPLEMENTED: ErrorKind.UNSUPPORTED,
     grpc.StatusCode.UNAUTHENTICATED: ErrorKind.UNAUTHENTICATED,
     grpc.StatusCode.PERMISSION_DENIED: ErrorKind.UNAUTHENTICATED,
-    grpc.StatusCode.RESOURCE_EXHAUSTED: ErrorKind.TOO_LARGE,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: ErrorKind.UPSTREAM_OVERLOADED,  # TOO_LARGE when it says so (decode_error)
     grpc.StatusCode.FAILED_PRECONDITION: ErrorKind.NOT_READY,
     grpc.StatusCode.UNAVAILABLE: ErrorKind.UPSTREAM_UNAVAILABLE,
     grpc.StatusCode.DEADLINE_EXCEEDED: ErrorKind.UPSTREAM_TIMEOUT,
@@ -138,6 +138,8 @@ def decode_error(code: grpc.StatusCode, details: str | None, upstream: str) -> G
     kind = KIND_OF_UPSTREAM_CODE.get(code, ErrorKind.UPSTREAM_BAD_RESPONSE)
     if code is grpc.StatusCode.UNKNOWN and "ModelNotFound" in (details or ""):
         kind = ErrorKind.MODEL_NOT_FOUND  # MLServer 1.7's ModelReady/ModelMetadata leave this unmapped
+    if code is grpc.StatusCode.RESOURCE_EXHAUSTED and "larger than" in (details or ""):
+        kind = ErrorKind.TOO_LARGE  # grpc's own "Received message larger than max": the request, not a load
     detail = (details or "")[:512]
     said = "is unavailable" if code is grpc.StatusCode.UNAVAILABLE else f"answered {code.name}"
     return GatewayError(kind, f"upstream {upstream} {said}" + (f": {detail}" if detail else ""))

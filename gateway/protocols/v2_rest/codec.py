@@ -90,8 +90,8 @@ def decode_error(status: int, body: bytes | bytearray, upstream: str) -> Gateway
         return GatewayError(ErrorKind.INVALID_INPUT, detail)
     if status == 413:
         return GatewayError(ErrorKind.TOO_LARGE, detail)
-    if status == 429:
-        return GatewayError(ErrorKind.OVERLOADED, detail)
+    if status == 429:  # the upstream's own limit: not the gateway's listener (OVERLOADED)
+        return GatewayError(ErrorKind.UPSTREAM_OVERLOADED, detail)
     if status == 501:
         return GatewayError(ErrorKind.UNSUPPORTED, detail)
     if status in (502, 503):
