@@ -30,14 +30,8 @@ LINE_OVERHEAD = 64
 WRITABLE_POLL = 0.5
 # How long the access log's thread waits for more lines before it sleeps
 # until woken: the most a line waits in the queue while lines keep coming.
-# Each wake-up costs the serving thread a GIL hand-over and a context switch:
-# at 2 ms the thread woke about once per request at concurrency 1 and cost
-# ~0.1 ms of CPU per gRPC request (bench e); at 50 ms it wakes 20 times a
-# second. (The diagnostic log's thread does not linger: its records are rare.)
-ACCESS_LOG_LINGER = 0.05
-# A lingering thread is woken early once the queue holds this share of its
-# bound, so a long linger never makes a busy gateway drop lines.
-EARLY_WAKE_SHARE = 4
+# (The diagnostic log's thread does not linger: its records are rare.)
+ACCESS_LOG_LINGER = 0.002
 # Seconds between two warnings that lines are being dropped.
 WARN_INTERVAL = 60.0
 
@@ -73,8 +67,6 @@ class LineWriter:
         self._unwritten = 0  # lines queued or being written
         self._cond = threading.Condition(threading.Lock())
         self._idle = False  # the thread waits for lines: put() wakes it
-        self._lingering = False  # the thread waits a moment for more lines: put() wakes it when many came
-        self._early_wake_bytes = max_bytes // EARLY_WAKE_SHARE
         self._closing = False  # no more lines; write what is queued, then end
         self._abandoned = False  # close() gave up on the sink: end without writing
         self._reopen = False
@@ -96,9 +88,6 @@ class LineWriter:
                 self._unwritten += 1
                 if self._idle:
                     self._idle = False
-                    self._cond.notify()
-                elif self._lingering and self._queued_bytes >= self._early_wake_bytes:
-                    self._lingering = False
                     self._cond.notify()
         if not accepted:
             self._count_dropped(1, "the queue is full: the sink does not keep up")
@@ -172,9 +161,7 @@ class LineWriter:
                     # one batch instead of each waking the thread (~25 µs of
                     # CPU per request under load, measured).
                     lingered = True
-                    self._lingering = True
                     self._cond.wait(self.linger)
-                    self._lingering = False
                     continue
                 self._idle = True
                 self._cond.wait()
