@@ -366,7 +366,8 @@ class DataPlane:
 
     async def infer(self, request: InferRequest, ctx: RequestContext) -> InferResponse:
         generation = self._current
-        with generation.use():
+        generation.enter()  # generation.use(), without a generator-based context manager on the hot path
+        try:
             asked_model, asked_version = request.model_name, request.model_version
             route = self._resolve(generation, asked_model, asked_version, ctx)
             ctx.record.batch_size = batch_size(request.inputs)  # a routed inference, for the statistics
@@ -375,6 +376,8 @@ class DataPlane:
             if route.config.mirror:
                 self._start_mirrors(generation, route, upstream_request, ctx)
             response = await self._call(generation, route, ctx, lambda c: c.infer(upstream_request, ctx))
+        finally:
+            generation.exit()
         response.model_name = asked_model
         if route.config.rewrite.version is not None:
             response.model_version = asked_version

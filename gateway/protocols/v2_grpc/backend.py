@@ -67,7 +67,7 @@ class V2GrpcClient(UpstreamClient):
             self._channel = grpc.aio.secure_channel(str(self.endpoint), grpc_channel_credentials(tls),
                                                     options=options + grpc_channel_options(tls))
         self._calls = {name: self._channel.unary_unary(pb.method_path(name),
-                                                       request_serializer=pb.serializer(request_class))
+                                                       request_serializer=pb.method_serializer(name, request_class))
                        for name, (request_class, _) in pb.METHODS.items()}
 
     async def close(self) -> None:

@@ -163,6 +163,8 @@ def metadata(headers: Mapping[str, str]) -> tuple[tuple[str, str], ...] | None:
 
 
 def parameters_from_proto(source: Any) -> dict[str, Any]:
+    if not source:  # the common case, and iterating an empty protobuf map is not free
+        return {}
     out: dict[str, Any] = {}
     for key, value in source.items():
         which = value.WhichOneof("parameter_choice")
@@ -229,6 +231,7 @@ def decode_tensors(items: Any, raw_contents: Any, where: str, max_elements: int,
     """Input tensors of a request, or output tensors of a response. Every
     shape is claimed from ``budget`` before any tensor data is read."""
     budget = budget if budget is not None else TensorBudget.unlimited(max_elements)
+    items = list(items)  # each walk of a protobuf repeated field makes its element wrappers anew
     raw = list(raw_contents)
     if raw:
         # An empty contents message next to raw data is no mix (MLServer sends one).
@@ -236,16 +239,17 @@ def decode_tensors(items: Any, raw_contents: Any, where: str, max_elements: int,
             raise invalid(f"the message mixes raw_{where}_contents with typed {where} contents; use one form")
         if len(raw) != len(items):
             raise invalid(f"the message has {len(raw)} raw_{where}_contents entries for {len(items)} {where}s")
-    heads: list[tuple[str, str, tuple[int, ...], int]] = []
+    heads: list[tuple[str, str, str, tuple[int, ...], int]] = []
     for index, item in enumerate(items):
-        if not item.name:
+        name = item.name
+        if not name:
             raise malformed(f"{where} #{index} has no name")
-        label = f"{where} '{item.name[:100]}'"
+        label = f"{where} '{name[:100]}'"
         datatype = check_datatype(item.datatype, label)
         shape = tuple(item.shape)
-        heads.append((label, datatype, shape, budget.claim(datatype, list(shape), label)))
+        heads.append((name, label, datatype, shape, budget.claim(datatype, shape, label)))
     tensors = []
-    for index, (item, (label, datatype, shape, count)) in enumerate(zip(items, heads, strict=True)):
+    for index, (item, (name, label, datatype, shape, count)) in enumerate(zip(items, heads, strict=True)):
         if raw:
             data = array_from_raw(memoryview(raw[index]), datatype, shape, count, label, budget)
         elif item.HasField("contents"):
@@ -254,7 +258,7 @@ def decode_tensors(items: Any, raw_contents: Any, where: str, max_elements: int,
             data = np.empty(shape, dtype=NUMPY_DTYPES[datatype])
         else:
             raise invalid(f"{label}: has no data (neither contents nor raw_{where}_contents)")
-        tensors.append(Tensor(item.name, datatype, shape, data, parameters_from_proto(item.parameters)))
+        tensors.append(Tensor(name, datatype, shape, data, parameters_from_proto(item.parameters)))
     return tensors
 
 

@@ -53,9 +53,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 PROTOCOL = passthrough.PROTOCOL
-# RPCs whose handler parses the request bytes itself (raw tensors stay
-# zero-copy views; see rawwire).
-PARSED_BY_HANDLER = frozenset({"ModelInfer"})
+# RPCs whose handler parses the request bytes itself and answers bytes
+# (raw tensors stay zero-copy views; see rawwire).
+PARSED_BY_HANDLER = pb.BYTES_METHODS
 # What the call being handled holds of the memory budget (set by the handler).
 _RESERVATION: ContextVar[Reservation] = ContextVar("gateway_grpc_reservation")
 REQUEST_ID_KEY = "x-request-id"
@@ -192,7 +192,7 @@ class V2GrpcFrontend(Frontend):
         self.extensions = Extensions(self.dataplane, self.services)
         handlers = {
             name: grpc.unary_unary_rpc_method_handler(
-                self._handler(name, request_class), response_serializer=pb.serializer(response_class))
+                self._handler(name, request_class), response_serializer=pb.method_serializer(name, response_class))
             for name, (request_class, response_class) in pb.METHODS.items()
         }
         for name in pb.STREAM_METHODS:  # refused, with the reason, after reading nothing
@@ -239,12 +239,13 @@ class V2GrpcFrontend(Frontend):
         services = self.services
         in_flight = services.metrics.requests_in_flight(self.listener.name, PROTOCOL)
         operation_name = rpc_operation(name)
+        path = pb.method_path(name)
 
         async def handle(data: Any, context: grpc.aio.ServicerContext) -> Any:
             ctx = self._context(context)
             record = ctx.record
             record.operation, record.method, record.peer = operation_name, "POST", context.peer() or ""
-            record.path = f"/{pb.SERVICE}/{name}"
+            record.path = path
             record.request_bytes = len(data) if isinstance(data, bytes) else 0
             if services.tracing is not None:
                 services.tracing.start(ctx)
@@ -287,7 +288,9 @@ class V2GrpcFrontend(Frontend):
                 self._active -= 1
                 context.set_trailing_metadata(tuple(ctx.upstream_headers().items()))
                 if record.status:
-                    finish_request(services, ctx)
+                    # Metrics and the access log wait for the next turn of the loop:
+                    # grpc starts sending the answer as soon as this returns.
+                    asyncio.get_running_loop().call_soon(finish_request, services, ctx)
             code, message = codec.encode_error(failure)
             record.status = code.name
             record.fail(failure.kind.value, failure.message)

@@ -81,14 +81,25 @@ STREAM_METHODS: tuple[str, ...] = tuple(
     method.name for method in _SERVICE_DESCRIPTOR.methods if method.client_streaming or method.server_streaming)
 
 
+# Methods whose messages the gateway serializes and parses itself (raw
+# tensors never pass through protobuf objects, see rawwire): grpc takes and
+# gives their bytes as they are, with no (de)serializer call.
+BYTES_METHODS = frozenset({"ModelInfer"})
+
+
 def method_path(name: str) -> str:
     return f"/{SERVICE}/{name}"
 
 
 def serializer(message_class: Any) -> Callable[[Any], bytes]:
     """For grpc: messages are serialized by protobuf, bytes already
-    serialized by hand (ModelInfer, see rawwire) pass as they are."""
+    serialized by hand pass as they are."""
     def serialize(message: Any) -> bytes:
         return message if isinstance(message, bytes) else message_class.SerializeToString(message)  # type: ignore[no-any-return]
 
     return serialize
+
+
+def method_serializer(name: str, message_class: Any) -> Callable[[Any], bytes] | None:
+    """The serializer grpc needs for ``name``'s messages: none for BYTES_METHODS."""
+    return None if name in BYTES_METHODS else serializer(message_class)
