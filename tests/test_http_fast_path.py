@@ -19,23 +19,28 @@ from collections.abc import Iterator
 
 import pytest
 
+from peers.hung_upstream import HungHttpServer
 from support import GatewayProcess, wait_for, write_config
 
 CONFIG = """
-admin: {address: "127.0.0.1:0"}
+admin: {{address: "127.0.0.1:0"}}
 limits:
   max_request_bytes: 64MiB
 listeners:
-  - {name: rest, protocol: v2-rest, address: "127.0.0.1:0"}
-  - {name: classic, protocol: v2-rest, address: "127.0.0.1:0", fast_path: false}
-  - {name: probe, protocol: v2-rest, address: "127.0.0.1:0"}
-  - {name: umbridge, protocol: umbridge, address: "127.0.0.1:0"}
+  - {{name: rest, protocol: v2-rest, address: "127.0.0.1:0"}}
+  - {{name: classic, protocol: v2-rest, address: "127.0.0.1:0", fast_path: false}}
+  - {{name: probe, protocol: v2-rest, address: "127.0.0.1:0"}}
+  - {{name: umbridge, protocol: umbridge, address: "127.0.0.1:0"}}
 upstreams:
-  - {name: local, protocol: builtin}
+  - {{name: local, protocol: builtin}}
+  - {{name: slow, protocol: v2-rest, endpoints: ["{slow}"], binary: always, timeout: {timeout}s}}
 routes:
-  - match: {model: "*"}
+  - match: {{model: slow}}
+    upstream: slow
+  - match: {{model: "*"}}
     upstream: local
 """
+SLOW_TIMEOUT = 1.5  # the slow upstream's route times out after this
 
 IDENTITY = "/v2/models/identity/infer"
 BODY = json.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [2], "data": [1, 2]}]}).encode()
@@ -43,9 +48,19 @@ LIVE = b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n"
 
 
 @pytest.fixture(scope="module")
-def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+def slow() -> Iterator[HungHttpServer]:
+    server = HungHttpServer().start()  # accepts, reads, never answers
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def gateway(slow: HungHttpServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     directory = tmp_path_factory.mktemp("fast")
-    gw = GatewayProcess(write_config(directory, CONFIG), directory / "gateway.log")
+    config = CONFIG.format(slow=slow.address, timeout=SLOW_TIMEOUT)
+    gw = GatewayProcess(write_config(directory, config), directory / "gateway.log")
     gw.start()
     try:
         yield gw
@@ -273,3 +288,28 @@ def test_the_access_log_and_metrics_count_fast_requests(gateway: GatewayProcess)
     for field in ("listener=rest", "operation=infer", "model=identity", "status=200", "outcome=ok",
                   f"request_bytes={len(BODY)}", "method=POST", f"path={IDENTITY}"):
         assert field in line, (field, line)
+
+
+def test_a_slow_upstream_holds_only_its_own_connection(gateway: GatewayProcess) -> None:
+    """A request to an upstream that never answers, with a fast one
+    pipelined behind it: other connections are served at once meanwhile;
+    the slow one gets its 504 at the route's timeout, then the pipelined
+    one its answer, in order."""
+    with connect(gateway.ports["rest"]) as held, connect(gateway.ports["rest"]) as other:
+        started = time.monotonic()
+        held.sendall(infer(path="/v2/models/slow/infer") + infer())
+        time.sleep(0.1)
+        reader = Reader(other)
+        for _ in range(5):
+            before = time.monotonic()
+            other.sendall(infer())
+            status, _, body = reader.response()
+            assert status == 200 and outputs(body) == [1, 2]
+            assert time.monotonic() - before < 0.5
+        held_reader = Reader(held)
+        status, headers, body = held_reader.response()
+        waited = time.monotonic() - started
+        assert status == 504 and fast(headers) and b"slow" in body, body
+        assert SLOW_TIMEOUT - 0.1 < waited < SLOW_TIMEOUT + 3
+        status, _, body = held_reader.response()
+        assert status == 200 and outputs(body) == [1, 2]
