@@ -372,7 +372,11 @@ class DataPlane:
             route = self._resolve(generation, asked_model, asked_version, ctx)
             ctx.record.batch_size = batch_size(request.inputs)  # a routed inference, for the statistics
             model, version = self._target(route, asked_model, asked_version)
-            upstream_request = dataclasses.replace(request, model_name=model, model_version=version)
+            # A copy when renamed, or for mirrors: they outlive the call, and the
+            # frontend drops the request's inputs once it has its answer.
+            copied = model != asked_model or version != asked_version or route.config.mirror
+            upstream_request = dataclasses.replace(request, model_name=model, model_version=version) \
+                if copied else request
             if route.config.mirror:
                 self._start_mirrors(generation, route, upstream_request, ctx)
             response = await self._call(generation, route, ctx, lambda c: c.infer(upstream_request, ctx))
