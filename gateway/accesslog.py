@@ -39,6 +39,16 @@ _SAFE_PLAIN = re.compile(r"[A-Za-z0-9._:/@\[\]#*+,%-]+")
 def _plain(fields: dict[str, Any]) -> bytes:
     """``key=value`` pairs; a string with anything but safe characters is
     JSON-quoted, so a newline or quote in a model name cannot forge a line."""
+    parts, texts = [], []
+    for key, value in fields.items():
+        if type(value) is str:
+            if not value:
+                value = "-"
+            else:
+                texts.append(value)
+        parts.append(f"{key}={value}")
+    if _SAFE_PLAIN.fullmatch("/".join(texts)):  # the usual line: one check for all its strings
+        return (" ".join(parts) + "\n").encode()
     parts = []
     for key, value in fields.items():
         if type(value) is str and not _SAFE_PLAIN.fullmatch(value):
