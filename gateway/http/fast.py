@@ -55,8 +55,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 # Bytes of later requests buffered while one is handled, and of a body not
-# yet claimed by its handler: past this, reading pauses.
-PIPELINE_BYTES = 256 << 10
+# yet claimed by its handler: past this, reading pauses (as aiohttp's own
+# read buffer, so that idle connections hold little memory).
+PIPELINE_BYTES = 64 << 10
+# Answers up to this size are written in one call with their head.
+SMALL_ANSWER = 256 << 10
 # An answer's body is handed to the transport this much at a time, each
 # slice once the previous ones have drained below the high-water mark.
 WRITE_SLICE = 1 << 20
@@ -354,7 +357,7 @@ class FastConnection(asyncio.Protocol):
             self._task.cancel()  # the client went away: so does its upstream call
         # (An answer being written fails on its own: its write waits end in an error.)
         if self._writable is not None and not self._writable.done():
-            self._writable.set_exception(ConnectionResetError("the client closed the connection"))
+            self._writable.set_result(None)  # a write waiting for it finds the transport gone
 
     def data_received(self, data: bytes) -> None:
         if self._discard:
@@ -647,10 +650,12 @@ class FastConnection(asyncio.Protocol):
         """Write the answer; its body size. Big bodies go a slice at a time,
         each once the transport's buffer has drained (no whole copy there)."""
         size = reply.size
+        if self._writable is not None and not self._writable.done():
+            await self._writable  # a client that does not read its answers gets no more of them meanwhile
         transport = self.transport
-        if transport is None:
+        if transport is None or transport.is_closing():
             raise ConnectionResetError("the client closed the connection")
-        if size <= PIPELINE_BYTES:
+        if size <= SMALL_ANSWER:
             return self._write_small(reply)
         transport.write(self._head(reply, size))
         for part in reply.parts:
@@ -661,7 +666,7 @@ class FastConnection(asyncio.Protocol):
                 if self.transport is None or self.transport.is_closing():  # the client left
                     raise ConnectionResetError("the client closed the connection")
                 self.transport.write(view[start:start + WRITE_SLICE])
-        if self._writable is not None:
+        if self._writable is not None and not self._writable.done():
             await self._writable  # written out (below the low-water mark): else the client left
         if self.transport is None or self.transport.is_closing():
             raise ConnectionResetError("the client closed the connection")
