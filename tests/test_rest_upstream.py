@@ -111,6 +111,9 @@ def test_auto_learns_json_from_a_rejected_binary_attempt(gateway: GatewayProcess
     for _ in range(2):
         np.testing.assert_array_equal(_infer(gateway, "auto", a, "INT32"), a)
     assert [mode for model, mode in stand_in.seen if model == "auto"] == ["binary", "json", "json"]
+    # The request sent twice is said so in the log, with its id.
+    wait_for(lambda: "answered binary tensors with 422; sending it again as JSON" in gateway.log(), 5,
+             "the second send logged")
 
 
 def test_never_sends_json(gateway: GatewayProcess, stand_in: _NoMetadataServer) -> None:

@@ -179,6 +179,10 @@ class V2RestClient(UpstreamClient):
             if reply.status == 200:
                 self.binary = True
             elif reply.status in _REJECTS_BINARY:
+                # Sent twice: said in the log, with the request's id (the access
+                # log counts the attempt once: it is one try of the route's).
+                log.info("request %s: upstream %s answered binary tensors with %d; sending it again as JSON",
+                         ctx.request_id, self.endpoint_label, reply.status)
                 json_reply = await self._infer_once(request, False, None, ctx)
                 if json_reply.status == 200:
                     log.info("upstream %s rejected binary tensors with %d; sending JSON from now on",
