@@ -313,3 +313,40 @@ def test_a_slow_upstream_holds_only_its_own_connection(gateway: GatewayProcess) 
         assert SLOW_TIMEOUT - 0.1 < waited < SLOW_TIMEOUT + 3
         status, _, body = held_reader.response()
         assert status == 200 and outputs(body) == [1, 2]
+
+
+def test_a_client_that_never_reads_its_answers_stops_being_served(gateway: GatewayProcess) -> None:
+    """Pipelined requests from a client that reads nothing: once its answers
+    fill the socket buffers, the gateway writes no more of them and stops
+    reading its requests (memory stays bounded), and serves others meanwhile."""
+    count = 60_000
+    request = b"GET /v2/models/simple HTTP/1.1\r\nHost: x\r\n\r\n"
+    answered = lambda: gateway.log().count("path=/v2/models/simple operation=model_metadata")  # noqa: E731
+    before = answered()
+    greedy = socket.socket()
+    greedy.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    greedy.connect(("127.0.0.1", gateway.ports["rest"]))
+    greedy.settimeout(30)
+    sender = threading.Thread(target=lambda: _send_quietly(greedy, request * count), daemon=True)
+    sender.start()
+    try:
+        time.sleep(3)
+        stalled_at = answered()
+        time.sleep(1)
+        assert answered() - stalled_at < 50, "the gateway kept answering a client that reads nothing"
+        assert stalled_at - before < count // 2
+        with connect(gateway.ports["probe"]) as probe:
+            started = time.monotonic()
+            probe.sendall(LIVE)
+            assert Reader(probe).response()[0] == 200
+            assert time.monotonic() - started < 0.5
+    finally:
+        greedy.close()
+        sender.join(10)
+
+
+def _send_quietly(sock: socket.socket, data: bytes) -> None:
+    try:
+        sock.sendall(data)
+    except OSError:
+        pass  # closed by the test
