@@ -14,8 +14,16 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from gateway.errors import invalid, unsupported
-from gateway.protocols.umbridge.codec import CONFIG_PARAMETER, SUPPORT_PARAMETER, config_from_text
-from gateway.types import Derivative, InferRequest, ModelMetadata, Tensor, TensorSpec
+from gateway.types import (
+    CONFIG_PARAMETER,
+    SUPPORT_PARAMETER,
+    Derivative,
+    InferRequest,
+    ModelMetadata,
+    Tensor,
+    TensorSpec,
+    config_from_text,
+)
 
 if TYPE_CHECKING:
     from gateway.builtin.gnn import GnnSettings

@@ -25,12 +25,16 @@ import orjson
 
 from gateway.errors import ErrorKind, GatewayError, invalid, malformed
 from gateway.jsontext import UnportableJson, python_loads
-from gateway.types import DERIVATIVE_KINDS, Derivative
+from gateway.types import (  # the contract's parameters live with the canonical types: re-exported
+    CONFIG_PARAMETER,  # noqa: F401
+    DERIVATIVE_KINDS,
+    SUPPORT_PARAMETER,  # noqa: F401
+    Derivative,
+    config_from_text,  # noqa: F401
+)
 
 PROTOCOL_VERSION = 1.0
 JSON_TYPE = "application/json"
-CONFIG_PARAMETER = "umbridge_config"  # canonical request parameter: config as JSON text
-SUPPORT_PARAMETER = "umbridge_support"  # model metadata parameter: "Evaluate,Gradient,..."
 FEATURES = ("Evaluate", *DERIVATIVE_KINDS)
 
 # How non-finite numbers leave: "null" (valid JSON, as nlohmann::json writes
@@ -129,20 +133,6 @@ def dumps(obj: dict[str, Any], arrays: Sequence[np.ndarray], policy: str, what: 
 def config_text(config: Any) -> str:
     """The canonical text of a config: the request parameter and cache key."""
     return orjson.dumps(config, option=orjson.OPT_SORT_KEYS).decode()
-
-
-def config_from_text(text: Any) -> dict[str, Any]:
-    if text is None or text == "":
-        return {}
-    if not isinstance(text, str):
-        raise invalid(f"request parameter '{CONFIG_PARAMETER}' must be a string holding a JSON object")
-    try:
-        config = orjson.loads(text)
-    except orjson.JSONDecodeError:
-        raise invalid(f"request parameter '{CONFIG_PARAMETER}' is not valid JSON") from None
-    if not isinstance(config, dict):
-        raise invalid(f"request parameter '{CONFIG_PARAMETER}' must hold a JSON object")
-    return config
 
 
 # --- vectors -------------------------------------------------------------------

@@ -17,6 +17,7 @@ from typing import Any
 from aiohttp import web
 
 from gateway.budget import admit_json
+from gateway.cache import TtlCache
 from gateway.confignode import Node
 from gateway.errors import ErrorKind, GatewayError
 from gateway.http.exchange import HttpReply, HttpRequest, json_reply
@@ -25,7 +26,6 @@ from gateway.httpserver import REQUEST_ID_HEADER, HttpFrontend, error_middleware
 from gateway.observe import Translating, operation_label
 from gateway.protocols.umbridge import codec
 from gateway.protocols.umbridge.bridge import Bridge
-from gateway.protocols.umbridge.cache import TtlCache
 from gateway.protocols.umbridge.mapping import ModelView, build_view
 from gateway.protocols.umbridge.options import (
     ListenerOptions,
