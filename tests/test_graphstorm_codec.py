@@ -17,13 +17,13 @@ from gateway.builtin.gnn import GnnModel, GnnSettings
 from gateway.config import load_config, parse_config
 from gateway.confignode import ConfigError
 from gateway.errors import ErrorKind, GatewayError
-from gateway.protocols.graphstorm import codec, status
-from gateway.protocols.graphstorm.frontend import RouteOptions, route_options
-from gateway.protocols.graphstorm.graph import (
+from gateway.graphtensors import (
     EDGE_TASKS,
     NODE_TASKS,
     GraphTensors,
 )
+from gateway.protocols.graphstorm import codec, status
+from gateway.protocols.graphstorm.frontend import RouteOptions, route_options
 from gateway.protocols.graphstorm.payload import Invocation
 from gateway.protocols.graphstorm.schema import GraphSchema, parse_schema
 from gateway.types import InferRequest, Tensor

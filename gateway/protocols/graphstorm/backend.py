@@ -5,8 +5,8 @@ Requests that came from a GraphStorm client carry their original bytes
 (:class:`~gateway.types.RawPayload`); those are forwarded unchanged and the
 endpoint's answer comes back unchanged, so ``request_uid`` and every
 ``status_code`` are the endpoint's own. Requests from other protocols carry
-the graph as tensors (see ``graph.py``); they are encoded as a payload and
-the results decoded back into ``prediction/...`` tensors.
+the graph as tensors (see ``gateway/graphtensors.py``); they are encoded as
+a payload and the results decoded back into ``prediction/...`` tensors.
 """
 
 from __future__ import annotations
@@ -15,9 +15,7 @@ from dataclasses import dataclass
 
 from gateway.confignode import Node
 from gateway.errors import ErrorKind, GatewayError, invalid
-from gateway.protocols.base import UpstreamClient
-from gateway.protocols.graphstorm import codec
-from gateway.protocols.graphstorm.graph import (
+from gateway.graphtensors import (
     CONTRACT,
     CONTRACT_PARAMETER,
     EDGE_TASKS,
@@ -25,6 +23,8 @@ from gateway.protocols.graphstorm.graph import (
     TASK_PARAMETER,
     GraphTensors,
 )
+from gateway.protocols.base import UpstreamClient
+from gateway.protocols.graphstorm import codec
 from gateway.tls import http_client_tls
 from gateway.types import InferRequest, InferResponse, ModelMetadata, RawPayload, RequestContext
 from gateway.upstream_http import UpstreamHttp

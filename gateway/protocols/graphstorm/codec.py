@@ -21,8 +21,8 @@ import numpy as np
 import orjson
 
 from gateway.errors import ErrorKind, GatewayError, bounded
+from gateway.graphtensors import GraphTensors, Relation, output_rows, prediction_name
 from gateway.protocols.graphstorm import status
-from gateway.protocols.graphstorm.graph import GraphTensors, Relation, output_rows, prediction_name
 from gateway.protocols.graphstorm.payload import Invocation, decode_payload, encode_payload
 from gateway.protocols.graphstorm.schema import GraphSchema
 from gateway.protocols.graphstorm.status import GraphStormError, shown

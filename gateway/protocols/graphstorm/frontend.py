@@ -19,18 +19,18 @@ from aiohttp import web
 from gateway.budget import admit_json
 from gateway.confignode import Node
 from gateway.errors import ErrorKind, GatewayError
-from gateway.http.exchange import HttpReply, HttpRequest, json_reply
-from gateway.http.fast import FastRoute, route
-from gateway.httpserver import REQUEST_ID_HEADER, HttpFrontend, note_error
-from gateway.observe import Translating
-from gateway.protocols.graphstorm import codec, status
-from gateway.protocols.graphstorm.graph import (
+from gateway.graphtensors import (
     CONTRACT,
     CONTRACT_PARAMETER,
     EDGE_TASKS,
     NODE_TASKS,
     TASK_PARAMETER,
 )
+from gateway.http.exchange import HttpReply, HttpRequest, json_reply
+from gateway.http.fast import FastRoute, route
+from gateway.httpserver import REQUEST_ID_HEADER, HttpFrontend, note_error
+from gateway.observe import Translating
+from gateway.protocols.graphstorm import codec, status
 from gateway.protocols.graphstorm.schema import GraphSchema, load_schema
 from gateway.protocols.graphstorm.status import GraphStormError
 from gateway.routing import Route

@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 
 from gateway.errors import ErrorKind, invalid
+from gateway.graphtensors import EDGE_TASKS, GraphTensors, Relation
 from gateway.protocols.graphstorm import status
-from gateway.protocols.graphstorm.graph import EDGE_TASKS, GraphTensors, Relation
 from gateway.protocols.graphstorm.schema import FeatureSpec, GraphSchema
 from gateway.protocols.graphstorm.status import GraphStormError, construction, shown
 from gateway.types import MAX_DIMS
