@@ -24,7 +24,7 @@ from gateway.graphtensors import (
     GraphTensors,
 )
 from gateway.protocols.base import UpstreamClient
-from gateway.protocols.graphstorm import codec
+from gateway.protocols.graphstorm import codec, errors
 from gateway.tls import http_client_tls
 from gateway.types import InferRequest, InferResponse, ModelMetadata, RawPayload, RequestContext
 from gateway.upstream_http import UpstreamHttp
@@ -102,9 +102,8 @@ class GraphStormClient(UpstreamClient):
             raise GatewayError(ErrorKind.UPSTREAM_UNAVAILABLE, f"upstream {self.label} is not started")
         reply = await self.http.request(method, path, headers, body)
         if reply.status != 200:
-            kind = ErrorKind.UPSTREAM_UNAVAILABLE if reply.status in (502, 503, 504) \
-                else ErrorKind.UPSTREAM_BAD_RESPONSE
-            raise GatewayError(kind, f"upstream {self.label} answered HTTP {reply.status} on {path}")
+            raise GatewayError(errors.kind_of_http_status(reply.status),
+                               f"upstream {self.label} answered HTTP {reply.status} on {path}")
         return reply.body
 
     async def _ping(self) -> bool:
