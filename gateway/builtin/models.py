@@ -8,8 +8,8 @@ models so Triton's public example clients work against the gateway unchanged.
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -24,9 +24,6 @@ from gateway.types import (
     TensorSpec,
     config_from_text,
 )
-
-if TYPE_CHECKING:
-    from gateway.builtin.gnn import GnnSettings
 
 MODEL_VERSION = "1"
 PLATFORM = "gateway_builtin"
@@ -208,17 +205,3 @@ class Trig(BuiltinModel):
         g = (np.exp(x1 / np.float32(2)) + y0 * y0).reshape(-1, 1)
         return [Tensor.from_numpy("f", f, "FP32"), Tensor.from_numpy("g", g, "FP32")]
 
-
-def default_models(gnn: GnnSettings | None = None) -> dict[str, BuiltinModel]:
-    from gateway.builtin.gnn import GnnModel, GnnSettings
-
-    factories: list[Callable[[], BuiltinModel]] = [
-        lambda: AddSub("simple", "INT32"),
-        lambda: AddSub("simple_string", "BYTES"),
-        Identity,
-        Forward,
-        Trig,
-        lambda: GnnModel(gnn or GnnSettings()),
-    ]
-    models = [make() for make in factories]
-    return {model.name: model for model in models}
