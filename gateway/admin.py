@@ -12,23 +12,37 @@ import dataclasses
 import ipaddress
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from aiohttp import web
 
 from gateway.auth import Authenticator, CredentialConfig
-from gateway.config import Address, AdminConfig
+from gateway.config import Address, AdminConfig, GatewayConfig
 from gateway.configview import effective_config
+from gateway.counters import Counters
 from gateway.errors import GatewayError
 from gateway.httpserver import accepted_coding
 from gateway.metrics import render_settled
+from gateway.proxy import DataPlane
+from gateway.services import GatewayServices
 from gateway.types import RequestContext
 
-if TYPE_CHECKING:
-    from gateway.server import Gateway
+
+class Administered(Protocol):
+    """What the admin listener reads and drives (gateway.server.Gateway,
+    which hands itself over: the admin never imports the server)."""
+
+    config: GatewayConfig
+    services: GatewayServices
+    counters: Counters
+    dataplane: DataPlane
+
+    async def reload(self) -> Any:
+        """Re-read the configuration; a server.ReloadResult (ok, source, problems)."""
+
 
 log = logging.getLogger(__name__)
-GATEWAY = web.AppKey("gateway", object)
+GATEWAY: web.AppKey[Administered] = web.AppKey("gateway")
 # The admin token's checker, when admin.token is set (re-read on reload).
 ADMIN_AUTH = web.AppKey("admin_auth", Authenticator)
 READ_METHODS = frozenset({"GET", "HEAD"})
@@ -76,18 +90,18 @@ async def healthz(request: web.Request) -> web.Response:
 
 async def readyz(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY]
-    ready = await gateway.dataplane.server_ready(RequestContext("admin", "admin"))  # type: ignore[attr-defined]
+    ready = await gateway.dataplane.server_ready(RequestContext("admin", "admin"))
     return web.json_response({"ready": ready}, status=200 if ready else 503)
 
 
 async def routes(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY]
-    return web.json_response({"routes": gateway.dataplane.routes.describe()})  # type: ignore[attr-defined]
+    return web.json_response({"routes": gateway.dataplane.routes.describe()})
 
 
 async def metrics(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY]
-    body, content_type = await render_settled(gateway.services.metrics,  # type: ignore[attr-defined]
+    body, content_type = await render_settled(gateway.services.metrics,
                                               request.headers.get("Accept", ""))
     response = web.Response(body=body, headers={"Content-Type": content_type})
     if accepted_coding(request.headers.get("Accept-Encoding", ""), ("gzip",)) == "gzip":
@@ -97,7 +111,7 @@ async def metrics(request: web.Request) -> web.Response:
 
 async def config(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY]
-    return web.json_response(effective_config(gateway.config))  # type: ignore[attr-defined]
+    return web.json_response(effective_config(gateway.config))
 
 
 async def index(request: web.Request) -> web.Response:
@@ -108,7 +122,7 @@ async def index(request: web.Request) -> web.Response:
 async def upstreams(request: web.Request) -> web.Response:
     """Every upstream with its endpoints: health, ejection, in flight, counters."""
     gateway = request.app[GATEWAY]
-    clusters = gateway.dataplane.clusters.values()  # type: ignore[attr-defined]
+    clusters = gateway.dataplane.clusters.values()
     return web.json_response({"upstreams": [cluster.snapshot() for cluster in clusters]})
 
 
@@ -118,10 +132,10 @@ async def reload(request: web.Request) -> web.Response:
     ``admin.allow_remote_reload``."""
     gateway = request.app[GATEWAY]
     client = (request.remote or "").split("%")[0]  # drop an IPv6 zone
-    if not (is_loopback(client) or gateway.config.admin.allow_remote_reload):  # type: ignore[attr-defined]
+    if not (is_loopback(client) or gateway.config.admin.allow_remote_reload):
         return web.json_response({"error": "reload is only allowed from loopback (admin.allow_remote_reload)"},
                                  status=403)
-    result = await gateway.reload()  # type: ignore[attr-defined]
+    result = await gateway.reload()
     body = {"reloaded": result.ok, "source": result.source, "problems": list(result.problems)}
     return web.json_response(body, status=200 if result.ok else 400)
 
@@ -129,10 +143,10 @@ async def reload(request: web.Request) -> web.Response:
 async def reload_status(request: web.Request) -> web.Response:
     """How reloads went: counts, last success and failure (Unix times), last error."""
     gateway = request.app[GATEWAY]
-    return web.json_response(dataclasses.asdict(gateway.counters.reload))  # type: ignore[attr-defined]
+    return web.json_response(dataclasses.asdict(gateway.counters.reload))
 
 
-def build_admin_app(gateway: Gateway) -> web.Application:
+def build_admin_app(gateway: Administered) -> web.Application:
     admin = gateway.config.admin
     authenticator = Authenticator(CredentialConfig(admin.token)) if admin.token is not None else None
     app = web.Application(middlewares=[write_guard(admin, authenticator)])
@@ -151,7 +165,7 @@ def build_admin_app(gateway: Gateway) -> web.Application:
     return app
 
 
-async def start_admin(gateway: Gateway, address: Address) -> tuple[web.AppRunner, int]:
+async def start_admin(gateway: Administered, address: Address) -> tuple[web.AppRunner, int]:
     runner = web.AppRunner(build_admin_app(gateway), access_log=None, handle_signals=False)
     await runner.setup()
     site = web.TCPSite(runner, address.host, address.port, reuse_address=True,

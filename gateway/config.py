@@ -7,6 +7,7 @@ is reported with its YAML path (``routes[2].match.model: ...``).
 from __future__ import annotations
 
 import importlib.resources
+import importlib.util
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -314,6 +315,19 @@ class TracingConfig:
     sample_ratio: float = 1.0  # of new traces; a client's sampled flag is honoured
 
 
+TRACING_EXTRA_HINT = "install the tracing extra: pip install 'inference-gateway[tracing]'"
+
+
+def tracing_sdk_available() -> bool:
+    """Whether the tracing extra is installed (found, not imported: the
+    config is checked before anything starts)."""
+    try:
+        return all(importlib.util.find_spec(name) is not None for name in (
+            "opentelemetry.sdk.trace", "opentelemetry.exporter.otlp.proto.http.trace_exporter"))
+    except ModuleNotFoundError:  # a parent package is missing
+        return False
+
+
 @dataclass(frozen=True, slots=True)
 class ObservabilityConfig:
     access_log: AccessLogConfig = AccessLogConfig()
@@ -489,11 +503,8 @@ def _observability(node: Node) -> ObservabilityConfig:
     )
     if not 0.0 <= tracing.sample_ratio <= 1.0:
         tracing_node.error("must be between 0 and 1", "sample_ratio")
-    if tracing.enabled:
-        from gateway.tracing import EXTRA_HINT, sdk_available
-
-        if not sdk_available():
-            tracing_node.error(f"needs the OpenTelemetry SDK; {EXTRA_HINT}", "enabled")
+    if tracing.enabled and not tracing_sdk_available():
+        tracing_node.error(f"needs the OpenTelemetry SDK; {TRACING_EXTRA_HINT}", "enabled")
     tracing_node.check_no_unknown_keys()
     node.check_no_unknown_keys()
     return ObservabilityConfig(access_log, metrics, tracing)

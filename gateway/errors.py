@@ -8,6 +8,9 @@ their protocol's own error form. Nothing here knows about any transport.
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable, Collection, Hashable, Mapping
+from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 # Messages travel back to clients; keep them bounded so a hostile payload
 # echoed into an error cannot blow up a response or a log line.
@@ -28,6 +31,28 @@ class ErrorKind(enum.Enum):
     UPSTREAM_TIMEOUT = "upstream_timeout"
     UPSTREAM_BAD_RESPONSE = "upstream_bad_response"
     INTERNAL = "internal"  # a bug in the gateway
+
+
+# Kinds that name the gateway's own state. An upstream's answer never
+# becomes one: its overload is UPSTREAM_OVERLOADED, its bug a bad response.
+GATEWAY_ONLY_KINDS = frozenset({ErrorKind.OVERLOADED, ErrorKind.INTERNAL})
+
+Form = TypeVar("Form", bound=Hashable)
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorTable(Generic[Form]):
+    """One protocol's error forms in both directions (its package exports it
+    as ``ERRORS``; tests/test_error_tables.py checks every table).
+
+    ``downstream`` is the form its frontend answers for each kind;
+    ``upstream`` reads a form an upstream answered as a kind (the codec may
+    refine it from a message); ``received`` lists the forms an upstream of
+    the protocol can answer, each of which ``upstream`` must read."""
+
+    downstream: Mapping[ErrorKind, Form]
+    upstream: Callable[[Form], ErrorKind]
+    received: Collection[Form]
 
 
 def bounded(message: str) -> str:

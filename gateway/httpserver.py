@@ -12,6 +12,7 @@ import socket
 import ssl
 import zlib
 from collections.abc import Awaitable, Callable, Mapping
+from types import MappingProxyType
 from typing import Any
 
 from aiohttp import hdrs, web
@@ -313,6 +314,7 @@ class RecordingAccessLogger(AbstractAccessLogger):
     the moment sizes and the full duration are known."""
 
     services: Any = None  # set per frontend by access_logger_class
+    status_kinds: Mapping[int, ErrorKind] = MappingProxyType({})  # the frontend's (HttpFrontend.status_kinds)
 
     def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
         ctx = request.get(CONTEXT)
@@ -322,7 +324,7 @@ class RecordingAccessLogger(AbstractAccessLogger):
         if not record.status:
             record.status = str(response.status)
         if not record.outcome:
-            record.outcome = outcome_of_status(response.status)
+            record.outcome = outcome_of_status(response.status, self.status_kinds)
         record.request_bytes = request.content.total_bytes
         # The body as sent (compressed if it was); without a Content-Length
         # (chunked) aiohttp only knows the bytes written, headers included.
@@ -331,8 +333,8 @@ class RecordingAccessLogger(AbstractAccessLogger):
         finish_request(self.services, ctx)
 
 
-def access_logger_class(services: Any) -> type[AbstractAccessLogger]:
-    return type("GatewayAccessLogger", (RecordingAccessLogger,), {"services": services})
+def access_logger_class(services: Any, status_kinds: Mapping[int, ErrorKind]) -> type[AbstractAccessLogger]:
+    return type("GatewayAccessLogger", (RecordingAccessLogger,), {"services": services, "status_kinds": status_kinds})
 
 
 def auth_middleware(authenticator: Authenticator, public_paths: frozenset[str],
@@ -725,6 +727,13 @@ class HttpFrontend(Frontend):
     # `auth`, and even past limits.max_concurrent_requests.
     probe_paths: frozenset[str] = frozenset()
 
+    @property
+    @abc.abstractmethod
+    def status_kinds(self) -> Mapping[int, ErrorKind]:
+        """What this protocol's HTTP statuses stand for when no handler noted
+        an error (metrics' outcome): its error table read backwards, from its
+        errors.py (core code knows no protocol's statuses)."""
+
     @abc.abstractmethod
     def error_reply(self, error: GatewayError, status: int | None) -> HttpReply:
         """An error in this protocol's form; ``status`` overrides the kind's
@@ -824,8 +833,8 @@ class HttpFrontend(Frontend):
         # it the upstream call (docs/routing-and-resilience.md, "Client disconnects").
         limits = self.services.config.limits
         self._runner = web.AppRunner(self.build_app(), handle_signals=False, auto_decompress=False,
-                                     handler_cancellation=True,
-                                     access_log=log, access_log_class=access_logger_class(self.services),
+                                     handler_cancellation=True, access_log=log,
+                                     access_log_class=access_logger_class(self.services, self.status_kinds),
                                      keepalive_timeout=limits.idle_timeout,
                                      # After an early answer (413, 408), an unread body is read and
                                      # dropped this long so the client sees the answer, then closed.
@@ -845,7 +854,7 @@ class HttpFrontend(Frontend):
             self.listener.name, self.listener.protocol, self.services, routes, self.guard, self.error_reply,
             handoff=factory._handler, authenticator=lambda: self._authenticator,
             draining=lambda: self.dataplane.draining, max_body=self.max_body,
-            decompress=decompress) if routes else None
+            decompress=decompress, status_kinds=self.status_kinds) if routes else None
         factory.install(self.guard, self._fast)
         address = self.listener.address
         # SO_REUSEPORT only under `gateway serve --workers N` (services.reuse_port).

@@ -387,8 +387,8 @@ class DataPlane:
             response.model_version = asked_version
         if not response.id:
             response.id = request.id
-        # A V2 REST answer relayed undecoded (raw, no outputs) was selected by
-        # the upstream itself; decoded ones (gRPC keeps raw beside them) here.
+        # An answer relayed undecoded (raw, no outputs) was selected by the
+        # upstream itself; decoded ones (raw may be kept beside them) here.
         if request.outputs and (response.raw is None or response.outputs):
             response.outputs = select_outputs(response, request, asked_model)
         return response

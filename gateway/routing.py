@@ -10,18 +10,20 @@ from dataclasses import dataclass
 
 from gateway.config import GatewayConfig, RouteConfig, StringMatch
 from gateway.hashing import stable_hash
+from gateway.protocols import registry
 
 REQUEST_ID_HEADER = "x-request-id"
 # Always forwarded, whatever the allowlist says: request id and W3C trace context.
 ALWAYS_FORWARDED = ("traceparent", "tracestate")
 # Hop-by-hop and framing headers belong to one connection or one encoding;
-# the upstream client sets its own. Never forwarded, even when allowlisted.
+# the upstream client sets its own. Never forwarded, even when allowlisted;
+# nor are the protocols' own framing headers (registry.framing_headers).
 NEVER_FORWARDED = frozenset({
     "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection", "te",
     "trailer", "transfer-encoding", "upgrade", "host", "content-length", "content-type", "content-encoding",
-    "accept-encoding", "expect", "inference-header-content-length",
+    "accept-encoding", "expect",
 })
-NEVER_FORWARDED_PREFIXES = (":", "grpc-")
+NEVER_FORWARDED_PREFIXES = (":",)  # HTTP/2 pseudo-headers
 
 
 def compile_match(match: StringMatch) -> Callable[[str | None], bool]:
@@ -53,6 +55,8 @@ class Route:
     # Split: (cumulative weight bound, upstream) for weights > 0, in order.
     _split: tuple[tuple[int, str], ...] = ()
     _forward: Callable[[str], bool] = lambda name: False
+    _never: frozenset[str] = NEVER_FORWARDED
+    _never_prefixes: tuple[str, ...] = NEVER_FORWARDED_PREFIXES
 
     @property
     def name(self) -> str:
@@ -85,8 +89,8 @@ class Route:
         """What the upstream gets: allowlisted headers, the trace context and
         the request id; never hop-by-hop or framing headers."""
         forwarded = {name: value for name, value in headers.items()
-                     if self._forward(name) and name not in NEVER_FORWARDED
-                     and not name.startswith(NEVER_FORWARDED_PREFIXES)}
+                     if self._forward(name) and name not in self._never
+                     and not name.startswith(self._never_prefixes)}
         for name in ALWAYS_FORWARDED:
             if name in headers:
                 forwarded[name] = headers[name]
@@ -136,7 +140,9 @@ class Route:
         return f"{label} " + " ".join(parts) + " " + action
 
 
-def build_route(index: int, rc: RouteConfig) -> Route:
+def build_route(index: int, rc: RouteConfig,
+                never: tuple[frozenset[str], tuple[str, ...]] = (NEVER_FORWARDED, NEVER_FORWARDED_PREFIXES)) -> Route:
+    """``never``: the header names and prefixes no route forwards."""
     bounds: list[tuple[int, str]] = []
     total = 0
     for target in rc.split:
@@ -146,14 +152,16 @@ def build_route(index: int, rc: RouteConfig) -> Route:
     return Route(index, rc, compile_match(rc.match.model),
                  compile_match(rc.match.version) if rc.match.version else None,
                  tuple((name, compile_match(h)) for name, h in rc.match.headers),
-                 tuple(bounds), compile_allowlist(rc.forward_headers))
+                 tuple(bounds), compile_allowlist(rc.forward_headers), never[0], never[1])
 
 
 class RouteTable:
     """Ordered routes; the first match wins. Frozen; replaced whole on reload."""
 
     def __init__(self, config: GatewayConfig) -> None:
-        self.routes = tuple(build_route(i, rc) for i, rc in enumerate(config.routes))
+        names, prefixes = registry.framing_headers()
+        never = (NEVER_FORWARDED | names, NEVER_FORWARDED_PREFIXES + prefixes)
+        self.routes = tuple(build_route(i, rc, never) for i, rc in enumerate(config.routes))
 
     def resolve(self, model: str, version: str, listener: str, protocol: str,
                 headers: Mapping[str, str]) -> Route | None:

@@ -9,7 +9,7 @@ import os
 import signal
 import ssl
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from aiohttp import web
@@ -26,10 +26,10 @@ from gateway.counters import Counters
 from gateway.extensions.statistics import StatisticsStore
 from gateway.looplag import LoopLagMonitor
 from gateway.metrics import GatewayMetrics
-from gateway.offload import Offloader
 from gateway.protocols import registry
-from gateway.protocols.base import Frontend
+from gateway.protocols.base import DataPlaneApi, Frontend
 from gateway.proxy import DataPlane
+from gateway.services import GatewayServices
 from gateway.tls import server_ssl_context
 from gateway.tracing import Tracing
 
@@ -37,27 +37,6 @@ log = logging.getLogger(__name__)
 
 # Sections a reload cannot change: they are bound sockets and their limits.
 RESTART_SECTIONS = ("listeners", "admin", "limits", "server")
-
-
-@dataclass(frozen=True)
-class GatewayServices:
-    """What listeners and upstream clients share; passed in, never global."""
-
-    config: GatewayConfig
-    identity: ServerIdentity
-    metrics: GatewayMetrics = field(default_factory=lambda: GatewayMetrics(CollectorRegistry(auto_describe=False)))
-    access_log: AccessLog = field(default_factory=lambda: AccessLog(None))
-    # True under `gateway serve --workers N`: listeners bind with SO_REUSEPORT
-    # (HTTP: TCPSite(reuse_port=True); gRPC: option ("grpc.so_reuseport", 1),
-    # and ("grpc.so_reuseport", 0) otherwise, since grpc defaults it on).
-    reuse_port: bool = False
-    worker: int | None = None  # worker index under a supervisor
-    tracing: Tracing | None = None  # OpenTelemetry, when observability.tracing.enabled
-    # Triton-style per-model statistics, fed by finish_request like the metrics.
-    statistics: StatisticsStore = field(default_factory=StatisticsStore)
-    # Bytes in flight (limits.max_inflight_bytes) and the pool for body-sized work.
-    budget: InflightBudget = field(default_factory=lambda: InflightBudget(1 << 62))
-    offload: Offloader = field(default_factory=Offloader)
 
 
 def build_metrics(config: GatewayConfig, version: str, registry: CollectorRegistry | None = None,
@@ -144,9 +123,10 @@ class Gateway:
     async def start(self) -> None:
         self._loop_lag.start()
         await self.dataplane.start()
+        dataplane: DataPlaneApi = self.dataplane  # what a frontend may ask of it (checked by mypy)
         for listener in self.config.listeners:
             frontend_class = registry.load(listener.protocol, "frontend")
-            frontend = frontend_class(listener, self.dataplane, self.services)
+            frontend = frontend_class(listener, dataplane, self.services)
             await frontend.start()
             self.frontends[listener.name] = frontend
         if self.config.admin.address is not None:

@@ -13,22 +13,11 @@ on the response. With tracing off, trace context passes through unchanged.
 
 from __future__ import annotations
 
-import importlib.util
 from typing import Any
 
 from gateway.config import TracingConfig
 from gateway.observe import OUTCOME_OK, TRACEPARENT_HEADER, TRACESTATE_HEADER
 from gateway.types import RequestContext
-
-EXTRA_HINT = "install the tracing extra: pip install 'inference-gateway[tracing]'"
-
-
-def sdk_available() -> bool:
-    try:
-        return all(importlib.util.find_spec(name) is not None for name in (
-            "opentelemetry.sdk.trace", "opentelemetry.exporter.otlp.proto.http.trace_exporter"))
-    except ModuleNotFoundError:  # a parent package is missing
-        return False
 
 
 class Tracing:

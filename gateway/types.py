@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import orjson
 
 from gateway.errors import invalid, too_large
 from gateway.observe import REQUEST_ID_HEADER, TRACEPARENT_HEADER, TRACESTATE_HEADER, RequestRecord
@@ -297,6 +298,28 @@ METADATA_OPERATION = "metadata_for_parameters"
 MODEL_CONFIG_OPERATION = "model_config"
 
 DERIVATIVE_KINDS = ("Gradient", "ApplyJacobian", "ApplyHessian")
+
+# Parameters of the model-function contract (UM-Bridge's calls become
+# canonical requests that any upstream may answer, the builtin models too):
+# a request's model configuration as JSON text, and in model metadata the
+# features a model offers ("Evaluate,Gradient,...").
+CONFIG_PARAMETER = "umbridge_config"
+SUPPORT_PARAMETER = "umbridge_support"
+
+
+def config_from_text(text: Any) -> dict[str, Any]:
+    """A request's CONFIG_PARAMETER as a dict ({} when absent)."""
+    if text is None or text == "":
+        return {}
+    if not isinstance(text, str):
+        raise invalid(f"request parameter '{CONFIG_PARAMETER}' must be a string holding a JSON object")
+    try:
+        config = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        raise invalid(f"request parameter '{CONFIG_PARAMETER}' is not valid JSON") from None
+    if not isinstance(config, dict):
+        raise invalid(f"request parameter '{CONFIG_PARAMETER}' must hold a JSON object")
+    return config
 
 
 @dataclass(frozen=True, slots=True)

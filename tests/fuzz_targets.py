@@ -25,9 +25,9 @@ with atheris.instrument_imports(include=["gateway"]):
 
     from gateway.config import Limits
     from gateway.errors import GatewayError
+    from gateway.graphtensors import EDGE_TASKS, NODE_TASKS
     from gateway.limits import check_json_depth
     from gateway.protocols.graphstorm import codec as graphstorm
-    from gateway.protocols.graphstorm.graph import EDGE_TASKS, NODE_TASKS
     from gateway.protocols.graphstorm.schema import parse_schema
     from gateway.protocols.umbridge import codec as umbridge
     from gateway.protocols.v2_grpc import codec as v2_grpc

@@ -341,7 +341,7 @@ routes:
 
 @pytest.fixture
 def fleet(monkeypatch: pytest.MonkeyPatch) -> FakeFleet:
-    monkeypatch.setitem(registry.BACKENDS, "fake", "peers.fake_upstream:FakeClient")
+    monkeypatch.setitem(registry.PROTOCOLS, "fake", "peers.fake_upstream")
     return FakeFleet()
 
 

@@ -18,9 +18,9 @@ from hypothesis.extra import numpy as hnp
 
 from gateway.config import Limits
 from gateway.errors import GatewayError
+from gateway.graphtensors import NODE_TASKS, GraphTensors, prediction_name
 from gateway.modelnames import check_model
 from gateway.protocols.graphstorm import codec as graphstorm
-from gateway.protocols.graphstorm.graph import NODE_TASKS, GraphTensors, prediction_name
 from gateway.protocols.graphstorm.payload import decode_payload, encode_payload
 from gateway.protocols.umbridge import codec as umbridge
 from gateway.protocols.v2_grpc import codec as v2_grpc

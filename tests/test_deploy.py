@@ -110,7 +110,7 @@ def gateway_config(directory: str) -> GatewayConfig:
     try:
         return parse_config(data, f"{directory}/configmap.yaml")
     except ConfigError as exc:
-        known = {"frontend": set(registry.FRONTENDS), "backend": set(registry.BACKENDS)}
+        known = {side: set(registry.names(side)) for side in ("frontend", "backend")}
         for problem in exc.problems:
             match = re.search(r"unknown (frontend|backend) protocol '([\w-]+)'", problem)
             assert match and match.group(2) not in known[match.group(1)], problem

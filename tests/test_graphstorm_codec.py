@@ -17,13 +17,13 @@ from gateway.builtin.gnn import GnnModel, GnnSettings
 from gateway.config import load_config, parse_config
 from gateway.confignode import ConfigError
 from gateway.errors import ErrorKind, GatewayError
-from gateway.protocols.graphstorm import codec, status
-from gateway.protocols.graphstorm.frontend import RouteOptions, route_options
-from gateway.protocols.graphstorm.graph import (
+from gateway.graphtensors import (
     EDGE_TASKS,
     NODE_TASKS,
     GraphTensors,
 )
+from gateway.protocols.graphstorm import codec, errors
+from gateway.protocols.graphstorm.frontend import RouteOptions, route_options
 from gateway.protocols.graphstorm.payload import Invocation
 from gateway.protocols.graphstorm.schema import GraphSchema, parse_schema
 from gateway.types import InferRequest, Tensor
@@ -40,7 +40,7 @@ def decode(payload: Any, schema: GraphSchema | None = SCHEMA, tasks: tuple[str, 
 def failure(payload: Any, schema: GraphSchema | None = SCHEMA, tasks: tuple[str, ...] = NODE_TASKS) -> tuple[int, str]:
     with pytest.raises(GatewayError) as caught:
         decode(payload, schema, tasks)
-    return status.status_code_of(caught.value), caught.value.message
+    return errors.status_code_of(caught.value), caught.value.message
 
 
 def node(payload: dict[str, Any], node_id: str) -> dict[str, Any]:
@@ -222,7 +222,7 @@ def test_body_level_failures_are_400() -> None:
     for body in (b"{", b"", b"\xff\xfe{}", b"\xef\xbb\xbf{}", b"[1, 2]", b"null", b'"text"'):
         with pytest.raises(GatewayError) as caught:
             decode(body)
-        assert status.status_code_of(caught.value) == 400, body
+        assert errors.status_code_of(caught.value) == 400, body
 
 
 @pytest.mark.parametrize("content_type", [None, "", "application/json; charset=utf-8", "text/json",
@@ -230,7 +230,7 @@ def test_body_level_failures_are_400() -> None:
 def test_content_type_must_be_exactly_application_json(content_type: str | None) -> None:
     with pytest.raises(GatewayError) as caught:
         codec.check_content_type(content_type)
-    assert status.status_code_of(caught.value) == 400
+    assert errors.status_code_of(caught.value) == 400
     codec.check_content_type("application/json")
 
 
@@ -296,15 +296,15 @@ def test_results_are_grouped_like_graphstorm_and_the_envelope_matches_real_answe
 
 
 def test_error_envelope() -> None:
-    answer = orjson.loads(codec.encode_error(status.target_id_absent("m3"), "abc"))
+    answer = orjson.loads(codec.encode_error(errors.target_id_absent("m3"), "abc"))
     assert answer == {"status_code": 404, "request_uid": "abc", "message": "",
                       "error": answer["error"], "data": {}}
     assert "m3" in answer["error"]
 
 
 def test_every_error_kind_has_a_status_code() -> None:
-    assert set(status.STATUS_OF_KIND) == set(ErrorKind)
-    assert all(code in (400, 401, 403, 404, 411, 421, 500) for code in status.STATUS_OF_KIND.values())
+    assert set(errors.STATUS_OF_KIND) == set(ErrorKind)
+    assert all(code in (400, 401, 403, 404, 411, 421, 500) for code in errors.STATUS_OF_KIND.values())
 
 
 def test_wrong_model_outputs_are_reported() -> None:

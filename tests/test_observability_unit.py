@@ -18,7 +18,8 @@ from gateway.errors import ErrorKind, GatewayError
 from gateway.metrics import OTHER_MODEL, UNKNOWN_MODEL, GatewayMetrics
 from gateway.observe import RequestRecord, accept_request_id, accept_traceparent, accept_tracestate
 from gateway.proxy import DataPlane
-from gateway.server import GatewayServices, build_metrics
+from gateway.server import build_metrics
+from gateway.services import GatewayServices
 from gateway.types import InferRequest, RequestContext
 
 VALID_TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"

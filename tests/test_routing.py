@@ -17,7 +17,7 @@ from gateway.routing import RouteTable
 
 @pytest.fixture(autouse=True)
 def fake_protocol(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(registry.BACKENDS, "fake", "peers.fake_upstream:FakeClient")
+    monkeypatch.setitem(registry.PROTOCOLS, "fake", "peers.fake_upstream")
 
 
 HEAD = """

@@ -20,7 +20,7 @@ from gateway.protocols.umbridge.bridge import Bridge
 from gateway.protocols.umbridge.mapping import Slot, build_view, to_datatype
 from gateway.protocols.umbridge.options import FiniteDifferences, RouteOptions
 from gateway.proxy import DataPlane
-from gateway.server import GatewayServices
+from gateway.services import GatewayServices
 from gateway.types import (
     DERIVATIVE_OPERATION,
     Derivative,

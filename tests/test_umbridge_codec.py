@@ -219,7 +219,9 @@ def test_bad_upstream_answers(call: object, needle: str) -> None:
     (200, "InvalidInput", ErrorKind.INVALID_INPUT),  # the reference client trusts the body, not the status
     (503, "UpstreamUnavailable", ErrorKind.UPSTREAM_UNAVAILABLE),  # another gateway upstream
     (504, "UpstreamTimeout", ErrorKind.UPSTREAM_TIMEOUT),
-    (500, "InternalError", ErrorKind.INTERNAL),
+    (500, "InternalError", ErrorKind.UPSTREAM_BAD_RESPONSE),  # its bug, not this gateway's
+    (429, "Overloaded", ErrorKind.UPSTREAM_OVERLOADED),  # its own limit, not this gateway's listener
+    (413, "InvalidInput", ErrorKind.TOO_LARGE),
     (503, "", ErrorKind.UPSTREAM_UNAVAILABLE),
     (500, "", ErrorKind.UPSTREAM_BAD_RESPONSE),
     (404, "", ErrorKind.MODEL_NOT_FOUND),

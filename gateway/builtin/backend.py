@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.builtin.gnn import GnnSettings, parse_gnn_settings
-from gateway.builtin.models import MODEL_VERSION, BuiltinModel, default_models
+from gateway.builtin.gnn import GnnModel, GnnSettings, parse_gnn_settings
+from gateway.builtin.models import MODEL_VERSION, AddSub, BuiltinModel, Forward, Identity, Trig
 from gateway.confignode import Node
 from gateway.errors import model_not_found
 from gateway.protocols.base import UpstreamClient
@@ -19,6 +20,20 @@ from gateway.types import (
     ModelMetadata,
     RequestContext,
 )
+
+
+def default_models(gnn: GnnSettings | None = None) -> dict[str, BuiltinModel]:
+    """Every embedded model, by name."""
+    factories: list[Callable[[], BuiltinModel]] = [
+        lambda: AddSub("simple", "INT32"),
+        lambda: AddSub("simple_string", "BYTES"),
+        Identity,
+        Forward,
+        Trig,
+        lambda: GnnModel(gnn or GnnSettings()),
+    ]
+    models = [make() for make in factories]
+    return {model.name: model for model in models}
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,5 +1,5 @@
 """``gnn``: a small deterministic heterogeneous GNN over the graph tensor
-contract (see ``gateway/protocols/graphstorm/graph.py``).
+contract (see ``gateway/graphtensors.py``).
 
 One layer: each node type's features are projected to a hidden vector
 (text features through a hash embedding), then every node adds the mean of
@@ -21,7 +21,7 @@ import numpy as np
 from gateway.builtin.models import BuiltinModel
 from gateway.confignode import Node
 from gateway.errors import invalid
-from gateway.protocols.graphstorm.graph import (
+from gateway.graphtensors import (
     CONTRACT,
     CONTRACT_PARAMETER,
     EDGE_TASKS,

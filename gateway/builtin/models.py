@@ -8,17 +8,22 @@ models so Triton's public example clients work against the gateway unchanged.
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
 from gateway.errors import invalid, unsupported
-from gateway.protocols.umbridge.codec import CONFIG_PARAMETER, SUPPORT_PARAMETER, config_from_text
-from gateway.types import Derivative, InferRequest, ModelMetadata, Tensor, TensorSpec
-
-if TYPE_CHECKING:
-    from gateway.builtin.gnn import GnnSettings
+from gateway.types import (
+    CONFIG_PARAMETER,
+    SUPPORT_PARAMETER,
+    Derivative,
+    InferRequest,
+    ModelMetadata,
+    Tensor,
+    TensorSpec,
+    config_from_text,
+)
 
 MODEL_VERSION = "1"
 PLATFORM = "gateway_builtin"
@@ -200,17 +205,3 @@ class Trig(BuiltinModel):
         g = (np.exp(x1 / np.float32(2)) + y0 * y0).reshape(-1, 1)
         return [Tensor.from_numpy("f", f, "FP32"), Tensor.from_numpy("g", g, "FP32")]
 
-
-def default_models(gnn: GnnSettings | None = None) -> dict[str, BuiltinModel]:
-    from gateway.builtin.gnn import GnnModel, GnnSettings
-
-    factories: list[Callable[[], BuiltinModel]] = [
-        lambda: AddSub("simple", "INT32"),
-        lambda: AddSub("simple_string", "BYTES"),
-        Identity,
-        Forward,
-        Trig,
-        lambda: GnnModel(gnn or GnnSettings()),
-    ]
-    models = [make() for make in factories]
-    return {model.name: model for model in models}

@@ -7,6 +7,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from gateway.cache import TtlCache
 from gateway.errors import ErrorKind, GatewayError, unsupported
 from gateway.extensions import CLASSIFICATION, GATEWAY_EXTENSIONS, turned_off
 from gateway.extensions import classification as classes
@@ -15,7 +16,6 @@ from gateway.extensions.labels import LabelCache
 from gateway.extensions.modelconfig import max_batch_size, synthesize
 from gateway.extensions.repository import IndexEntry, repository_index
 from gateway.extensions.statistics import ModelStatistics
-from gateway.protocols.umbridge.cache import TtlCache
 from gateway.types import MODEL_CONFIG_OPERATION, InferRequest, InferResponse, RequestContext, Tensor
 
 log = logging.getLogger(__name__)

@@ -30,20 +30,13 @@ class HttpStatusError(GatewayError):
         self.http_status = http_status
 
 
-# The outcome of an HTTP error answer whose GatewayError no handler noted,
-# by status; the V2 REST table read backwards.
-_OUTCOME_OF_STATUS = {
-    400: ErrorKind.MALFORMED_REQUEST, 401: ErrorKind.UNAUTHENTICATED, 404: ErrorKind.MODEL_NOT_FOUND,
-    405: ErrorKind.UNSUPPORTED, 413: ErrorKind.TOO_LARGE, 429: ErrorKind.OVERLOADED,
-    501: ErrorKind.UNSUPPORTED, 502: ErrorKind.UPSTREAM_BAD_RESPONSE, 503: ErrorKind.UPSTREAM_UNAVAILABLE,
-    504: ErrorKind.UPSTREAM_TIMEOUT,
-}
-
-
-def outcome_of_status(status: int) -> str:
+def outcome_of_status(status: int, kinds: Mapping[int, ErrorKind]) -> str:
+    """The outcome of an HTTP answer whose GatewayError no handler noted;
+    ``kinds`` is the frontend's own table (its protocol's errors.py: what
+    each of its statuses stands for)."""
     if status < 400:
         return OUTCOME_OK
-    kind = _OUTCOME_OF_STATUS.get(status)
+    kind = kinds.get(status)
     if kind is None:
         kind = ErrorKind.MALFORMED_REQUEST if status < 500 else ErrorKind.INTERNAL
     return kind.value

@@ -26,7 +26,7 @@ import http
 import logging
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from email.utils import formatdate
 from typing import TYPE_CHECKING, Any
@@ -111,6 +111,7 @@ class FastListener:
     draining: Callable[[], bool]
     max_body: int
     decompress: Callable[..., Any]  # (body, encoding, limit) -> bytearray, run in the offload pool
+    status_kinds: Mapping[int, ErrorKind]  # what its HTTP statuses stand for (HttpFrontend.status_kinds)
 
     def __post_init__(self) -> None:
         self.closing = False
@@ -526,7 +527,7 @@ class FastConnection(asyncio.Protocol):
         if not record.status:
             record.status = str(reply.status)
         if not record.outcome:
-            record.outcome = outcome_of_status(reply.status)
+            record.outcome = outcome_of_status(reply.status, listener.status_kinds)
         record.request_bytes = request.filled
         self._writing = True
         try:

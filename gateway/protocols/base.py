@@ -1,16 +1,19 @@
-"""The two contracts a protocol adapter implements.
+"""The two contracts a protocol adapter implements, and what a frontend
+may ask of the data plane.
 
 A *frontend* owns one listener: it decodes its wire format into canonical
-requests, hands them to the :class:`~gateway.proxy.DataPlane` and encodes the
-answers (or errors) back. An *upstream client* talks to one endpoint of an
-upstream cluster in that upstream's protocol.
+requests, hands them to the data plane (:class:`DataPlaneApi`, which
+gateway.proxy.DataPlane implements) and encodes the answers (or errors)
+back. An *upstream client* talks to one endpoint of an upstream cluster in
+that upstream's protocol. Nothing here imports the data plane or the
+server: they import this.
 """
 
 from __future__ import annotations
 
 import abc
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gateway.auth import AUTHORIZATION, credential_headers
 from gateway.confignode import Node
@@ -19,9 +22,41 @@ from gateway.tls import CLIENT_AUTH_MODES
 from gateway.types import InferRequest, InferResponse, ModelMetadata, RequestContext
 
 if TYPE_CHECKING:
-    from gateway.config import Address, ListenerConfig, UpstreamConfig
-    from gateway.proxy import DataPlane
-    from gateway.server import GatewayServices
+    from gateway.config import Address, GatewayConfig, ListenerConfig, UpstreamConfig
+    from gateway.routing import Route, RouteTable
+    from gateway.services import GatewayServices
+
+
+class DataPlaneApi(Protocol):
+    """The data plane as frontends see it (gateway/proxy.py has the policy:
+    routing, rewrites, retries, mirrors)."""
+
+    draining: bool  # set while the gateway drains: answers ask clients to close
+
+    @property
+    def config(self) -> GatewayConfig: ...
+
+    @property
+    def routes(self) -> RouteTable: ...
+
+    def resolve(self, model: str, version: str, ctx: RequestContext) -> Route:
+        """The route for a request whose body is not read yet (MODEL_NOT_FOUND now if none)."""
+
+    def offers(self, route: Route, operation: str) -> bool:
+        """Whether every upstream of ``route`` answers ``operation`` (call_extension)."""
+
+    async def infer(self, request: InferRequest, ctx: RequestContext) -> InferResponse: ...
+
+    async def model_metadata(self, model: str, version: str, ctx: RequestContext) -> ModelMetadata: ...
+
+    async def model_ready(self, model: str, version: str, ctx: RequestContext) -> bool: ...
+
+    async def server_ready(self, ctx: RequestContext) -> bool: ...
+
+    async def list_models(self, ctx: RequestContext) -> list[str]: ...
+
+    async def call_extension(self, operation: str, request: InferRequest, ctx: RequestContext,
+                             arguments: Any = None) -> Any: ...
 
 
 class Frontend(abc.ABC):
@@ -30,7 +65,7 @@ class Frontend(abc.ABC):
     # The listener `tls.client_auth` modes its server library can offer.
     TLS_CLIENT_AUTH_MODES: tuple[str, ...] = CLIENT_AUTH_MODES
 
-    def __init__(self, listener: ListenerConfig, dataplane: DataPlane, services: GatewayServices) -> None:
+    def __init__(self, listener: ListenerConfig, dataplane: DataPlaneApi, services: GatewayServices) -> None:
         self.listener = listener
         self.dataplane = dataplane
         self.services = services

@@ -47,7 +47,7 @@ def main() -> int:
     from gateway.cli import main as gateway_main
     from gateway.protocols import registry
 
-    registry.BACKENDS["echo"] = "peers.echo_upstream:EchoClient"
+    registry.PROTOCOLS["echo"] = "peers.echo_upstream"
     return gateway_main()
 
 

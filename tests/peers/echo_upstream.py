@@ -256,5 +256,10 @@ class EchoClient(UpstreamClient):
         return status == 200
 
 
+
+# What the registry reads when the test gateway registers this module as a protocol.
+__all__ = ["BACKEND", "ECHO_ENV", "EchoClient", "EchoServer", "EchoState"]
+BACKEND = EchoClient
+
 if __name__ == "__main__":
     main()

@@ -68,6 +68,11 @@ class FakeClient(UpstreamClient):
         return self.ready
 
 
+
+# What the registry reads when a test registers this module as a protocol.
+__all__ = ["BACKEND", "FakeClient", "FakeFleet"]
+BACKEND = FakeClient
+
 class FakeFleet:
     """A client factory that remembers every fake it made, by endpoint."""
 

@@ -5,8 +5,8 @@ Requests that came from a GraphStorm client carry their original bytes
 (:class:`~gateway.types.RawPayload`); those are forwarded unchanged and the
 endpoint's answer comes back unchanged, so ``request_uid`` and every
 ``status_code`` are the endpoint's own. Requests from other protocols carry
-the graph as tensors (see ``graph.py``); they are encoded as a payload and
-the results decoded back into ``prediction/...`` tensors.
+the graph as tensors (see ``gateway/graphtensors.py``); they are encoded as
+a payload and the results decoded back into ``prediction/...`` tensors.
 """
 
 from __future__ import annotations
@@ -15,9 +15,7 @@ from dataclasses import dataclass
 
 from gateway.confignode import Node
 from gateway.errors import ErrorKind, GatewayError, invalid
-from gateway.protocols.base import UpstreamClient
-from gateway.protocols.graphstorm import codec
-from gateway.protocols.graphstorm.graph import (
+from gateway.graphtensors import (
     CONTRACT,
     CONTRACT_PARAMETER,
     EDGE_TASKS,
@@ -25,6 +23,8 @@ from gateway.protocols.graphstorm.graph import (
     TASK_PARAMETER,
     GraphTensors,
 )
+from gateway.protocols.base import UpstreamClient
+from gateway.protocols.graphstorm import codec, errors
 from gateway.tls import http_client_tls
 from gateway.types import InferRequest, InferResponse, ModelMetadata, RawPayload, RequestContext
 from gateway.upstream_http import UpstreamHttp
@@ -102,9 +102,8 @@ class GraphStormClient(UpstreamClient):
             raise GatewayError(ErrorKind.UPSTREAM_UNAVAILABLE, f"upstream {self.label} is not started")
         reply = await self.http.request(method, path, headers, body)
         if reply.status != 200:
-            kind = ErrorKind.UPSTREAM_UNAVAILABLE if reply.status in (502, 503, 504) \
-                else ErrorKind.UPSTREAM_BAD_RESPONSE
-            raise GatewayError(kind, f"upstream {self.label} answered HTTP {reply.status} on {path}")
+            raise GatewayError(errors.kind_of_http_status(reply.status),
+                               f"upstream {self.label} answered HTTP {reply.status} on {path}")
         return reply.body
 
     async def _ping(self) -> bool:

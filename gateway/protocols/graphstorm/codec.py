@@ -21,11 +21,11 @@ import numpy as np
 import orjson
 
 from gateway.errors import ErrorKind, GatewayError, bounded
-from gateway.protocols.graphstorm import status
-from gateway.protocols.graphstorm.graph import GraphTensors, Relation, output_rows, prediction_name
+from gateway.graphtensors import GraphTensors, Relation, output_rows, prediction_name
+from gateway.protocols.graphstorm import errors
+from gateway.protocols.graphstorm.errors import GraphStormError, shown
 from gateway.protocols.graphstorm.payload import Invocation, decode_payload, encode_payload
 from gateway.protocols.graphstorm.schema import GraphSchema
-from gateway.protocols.graphstorm.status import GraphStormError, shown
 from gateway.types import Tensor
 
 JSON_TYPE = "application/json"
@@ -49,7 +49,7 @@ def check_content_type(content_type: str | None) -> None:
     # Exactly application/json, as GraphStorm's entry point compares it:
     # "application/json; charset=utf-8" is refused there too.
     if content_type != JSON_TYPE:
-        raise status.json_format(f"unsupported content type {shown(content_type)}; the endpoint accepts exactly "
+        raise errors.json_format(f"unsupported content type {shown(content_type)}; the endpoint accepts exactly "
                                  f"'{JSON_TYPE}'")
 
 
@@ -64,18 +64,18 @@ def parse_json(body: bytes) -> Any:
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise status.json_format(f"the body is not UTF-8 text (invalid byte at offset {exc.start})") from None
+        raise errors.json_format(f"the body is not UTF-8 text (invalid byte at offset {exc.start})") from None
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        raise status.json_format(f"{exc.msg}: line {exc.lineno} column {exc.colno} (char {exc.pos})") from None
+        raise errors.json_format(f"{exc.msg}: line {exc.lineno} column {exc.colno} (char {exc.pos})") from None
     except RecursionError:
-        raise status.json_format("the JSON is nested too deeply") from None
+        raise errors.json_format("the JSON is nested too deeply") from None
 
 
 def decode_invocation(payload: Any, schema: GraphSchema | None, tasks: tuple[str, ...]) -> Invocation:
     if not isinstance(payload, dict):
-        raise status.json_format(f"the payload must be a JSON object, got {type(payload).__name__}")
+        raise errors.json_format(f"the payload must be a JSON object, got {type(payload).__name__}")
     return decode_payload(payload, schema, tasks)
 
 
@@ -102,7 +102,7 @@ def _json_default(value: Any) -> Any:
 
 
 def encode_error(error: GatewayError, uid: str) -> bytes:
-    return encode_envelope(status.status_code_of(error), uid, error=error.message)
+    return encode_envelope(errors.status_code_of(error), uid, error=error.message)
 
 
 def encode_results(invocation: Invocation, outputs: list[Tensor], uid: str) -> bytes:
@@ -119,7 +119,7 @@ def encode_results(invocation: Invocation, outputs: list[Tensor], uid: str) -> b
         edge_type = list(relation)
         results += [{"edge_type": edge_type, "src_node_id": src, "dest_node_id": dst, "prediction": row}
                     for (src, dst), row in zip(pairs, rows, strict=True)]
-    return encode_envelope(status.OK, uid, SUCCESS_MESSAGE, data={"results": results})
+    return encode_envelope(errors.OK, uid, SUCCESS_MESSAGE, data={"results": results})
 
 
 # --- upstream -----------------------------------------------------------------------------
@@ -143,7 +143,7 @@ def decode_envelope(body: bytes | bytearray, upstream: str) -> dict[str, Any]:
 
 def upstream_error(envelope: dict[str, Any], upstream: str) -> GraphStormError:
     code = envelope["status_code"]
-    kind = status.kind_of_status(code)
+    kind = errors.kind_of_status(code)
     detail = str(envelope.get("error", ""))[:512]
     return GraphStormError(code, kind, bounded(f"upstream '{upstream}' answered status_code {code}: {detail}"))
 

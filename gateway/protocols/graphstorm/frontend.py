@@ -19,20 +19,20 @@ from aiohttp import web
 from gateway.budget import admit_json
 from gateway.confignode import Node
 from gateway.errors import ErrorKind, GatewayError
-from gateway.http.exchange import HttpReply, HttpRequest, json_reply
-from gateway.http.fast import FastRoute, route
-from gateway.httpserver import REQUEST_ID_HEADER, HttpFrontend, note_error
-from gateway.observe import Translating
-from gateway.protocols.graphstorm import codec, status
-from gateway.protocols.graphstorm.graph import (
+from gateway.graphtensors import (
     CONTRACT,
     CONTRACT_PARAMETER,
     EDGE_TASKS,
     NODE_TASKS,
     TASK_PARAMETER,
 )
+from gateway.http.exchange import HttpReply, HttpRequest, json_reply
+from gateway.http.fast import FastRoute, route
+from gateway.httpserver import REQUEST_ID_HEADER, HttpFrontend, note_error
+from gateway.observe import Translating
+from gateway.protocols.graphstorm import codec, errors
+from gateway.protocols.graphstorm.errors import GraphStormError
 from gateway.protocols.graphstorm.schema import GraphSchema, load_schema
-from gateway.protocols.graphstorm.status import GraphStormError
 from gateway.routing import Route
 from gateway.types import InferRequest, RawPayload, RequestContext
 
@@ -41,8 +41,6 @@ PROTOCOL = "graphstorm"
 _TARGET_MODEL_HEADER = codec.TARGET_MODEL_HEADER.lower()
 DEFAULT_MODEL = "gnn"
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-# HTTP status of refusals made before an invocation is read (see error_reply).
-_HTTP_STATUS_OF_KIND = {ErrorKind.OVERLOADED: 429}
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,15 +90,15 @@ async def envelope_errors(request: web.Request, handler: Handler) -> web.StreamR
         if exc.status < 400:
             raise
         message = f"{request.method} {request.path[:200]} is not served; use POST /invocations or GET /ping"
-        note_error(request, GatewayError(ErrorKind.UNSUPPORTED if exc.status in (404, 405)
-                                         else ErrorKind.MALFORMED_REQUEST, message))
+        note_error(request, GatewayError(errors.KIND_OF_HTTP_STATUS.get(exc.status, ErrorKind.MALFORMED_REQUEST),
+                                         message))
         response = json_response(codec.encode_envelope(exc.status, "", error=message), exc.status)
         if "Allow" in exc.headers:  # a 405 names the methods allowed (RFC 9110)
             response.headers["Allow"] = exc.headers["Allow"]
         return response
     except Exception:
         log.exception("unhandled error on %s %s", request.method, request.path)
-        error = status.internal("unexpected gateway error")
+        error = errors.internal("unexpected gateway error")
         note_error(request, error)
         return json_response(codec.encode_error(error, ""))
 
@@ -126,13 +124,14 @@ class GraphStormFrontend(HttpFrontend):
         return options if isinstance(options, ListenerOptions) else ListenerOptions()
 
     probe_paths = frozenset({"/ping"})
+    status_kinds = errors.KIND_OF_HTTP_STATUS
 
     def error_reply(self, error: GatewayError, status: int | None) -> HttpReply:
         """Refusals before GraphStorm's handler (overload, malformed HTTP,
         refused credentials: 401) carry their HTTP status as well as the
         envelope's status_code, so callers that read only the HTTP status
         see them."""
-        return json_reply(codec.encode_error(error, ""), status or _HTTP_STATUS_OF_KIND.get(error.kind, 200))
+        return json_reply(codec.encode_error(error, ""), status or errors.HTTP_STATUS_OF_KIND.get(error.kind, 200))
 
     def fast_routes(self) -> list[FastRoute]:
         return [route("POST", "/invocations", self.invocations), route("GET", "/ping", self.ping)]
@@ -164,7 +163,7 @@ class GraphStormFrontend(HttpFrontend):
             except GatewayError as exc:  # too large, too deep, slow, bad Content-Encoding: a request format error
                 if exc.kind is ErrorKind.OVERLOADED:  # the memory budget: not the request's fault
                     raise
-                raise GraphStormError(status.JSON_FORMAT, exc.kind, exc.message) from None
+                raise GraphStormError(errors.JSON_FORMAT, exc.kind, exc.message) from None
             with Translating(ctx.record, "decode"):
                 payload = await self.services.offload.run(len(body), codec.parse_json, body)
             uid = codec.request_uid(body)
@@ -173,7 +172,7 @@ class GraphStormFrontend(HttpFrontend):
             answer, status_code = self._failed(ctx, error, uid)
         except Exception:  # a gateway bug: still GraphStorm's form, with the request's uid
             log.exception("unhandled error on a GraphStorm invocation (request_uid %s)", uid)
-            answer, status_code = self._failed(ctx, status.internal("unexpected gateway error"), uid)
+            answer, status_code = self._failed(ctx, errors.internal("unexpected gateway error"), uid)
         # The answer is HTTP 200 whatever happened: metrics and the access log
         # take GraphStorm's status_code as the request's code.
         ctx.record.status = str(status_code)
@@ -182,7 +181,7 @@ class GraphStormFrontend(HttpFrontend):
     @staticmethod
     def _failed(ctx: RequestContext, error: GatewayError, uid: str) -> tuple[bytes, int]:
         ctx.record.fail(error.kind.value, error.message)
-        return codec.encode_error(error, uid), status.status_code_of(error)
+        return codec.encode_error(error, uid), errors.status_code_of(error)
 
     def _route(self, model: str, ctx: RequestContext) -> Route | GatewayError:
         """The route of ``model``, or the error that refuses it."""
@@ -190,8 +189,8 @@ class GraphStormFrontend(HttpFrontend):
             return self.dataplane.resolve(model, "", ctx)
         except GatewayError as exc:
             if exc.kind is ErrorKind.INVALID_INPUT:  # a target-model header that is no valid model name
-                return GraphStormError(status.JSON_FORMAT, exc.kind, exc.message)
-            return status.internal(exc.message, exc.kind)
+                return GraphStormError(errors.JSON_FORMAT, exc.kind, exc.message)
+            return errors.internal(exc.message, exc.kind)
 
     async def _invoke(self, model: str, route: Route | GatewayError, body: bytes, payload: Any, uid: str,
                       ctx: RequestContext) -> tuple[bytes, int]:
@@ -209,15 +208,15 @@ class GraphStormFrontend(HttpFrontend):
             response = await self.dataplane.infer(infer_request, ctx)
             if response.raw is not None and response.raw.protocol == PROTOCOL:
                 # A GraphStorm endpoint's own answer, unchanged, with its own status_code.
-                code = response.parameters.get(codec.STATUS_PARAMETER, status.OK)
-                if code != status.OK:
-                    ctx.record.fail(status.kind_of_status(code).value, f"the upstream answered status_code {code}")
+                code = response.parameters.get(codec.STATUS_PARAMETER, errors.OK)
+                if code != errors.OK:
+                    ctx.record.fail(errors.kind_of_status(code).value, f"the upstream answered status_code {code}")
                 return bytes(response.raw.body), code  # bytes stay uncopied
             with Translating(ctx.record, "encode"):
                 encoded = await self.services.offload.run(len(body), codec.encode_results, invocation,
                                                           response.outputs, uid)
-                return encoded, status.OK
+                return encoded, errors.OK
         except GraphStormError:
             raise
         except GatewayError as exc:  # after validation every failure is an inference failure
-            raise status.internal(exc.message, exc.kind) from None
+            raise errors.internal(exc.message, exc.kind) from None

@@ -17,10 +17,10 @@ from typing import Any
 import numpy as np
 
 from gateway.errors import ErrorKind, invalid
-from gateway.protocols.graphstorm import status
-from gateway.protocols.graphstorm.graph import EDGE_TASKS, GraphTensors, Relation
+from gateway.graphtensors import EDGE_TASKS, GraphTensors, Relation
+from gateway.protocols.graphstorm import errors
+from gateway.protocols.graphstorm.errors import GraphStormError, construction, shown
 from gateway.protocols.graphstorm.schema import FeatureSpec, GraphSchema
-from gateway.protocols.graphstorm.status import GraphStormError, construction, shown
 from gateway.types import MAX_DIMS
 
 PAYLOAD_VERSION = "gs-realtime-v0.1"
@@ -44,7 +44,7 @@ class Invocation:
 def decode_payload(payload: dict[str, Any], schema: GraphSchema | None, tasks: tuple[str, ...]) -> Invocation:
     task = payload.get("gml_task")
     if not isinstance(task, str) or task not in tasks:
-        raise status.task_mismatch(task, tasks)
+        raise errors.task_mismatch(task, tasks)
     edge_task = task in EDGE_TASKS
     targets = _target_list(payload.get("targets"), edge_task)
     reader = _GraphReader(schema)
@@ -64,17 +64,17 @@ def decode_payload(payload: dict[str, Any], schema: GraphSchema | None, tasks: t
 
 def _target_list(targets: Any, edge_task: bool) -> list[dict[str, Any]]:
     if targets is None or (isinstance(targets, (list, dict, str)) and len(targets) == 0):
-        raise status.missing_field("targets")
+        raise errors.missing_field("targets")
     if not isinstance(targets, list):
-        raise status.json_format("the 'targets' field must be a list of target objects")
+        raise errors.json_format("the 'targets' field must be a list of target objects")
     keys = ("edge_type", "src_node_id", "dest_node_id") if edge_task else ("node_type", "node_id")
     for position, target in enumerate(targets):
         if not isinstance(target, dict):
-            raise status.json_format(f"targets[{position}] must be an object, got {type(target).__name__}")
+            raise errors.json_format(f"targets[{position}] must be an object, got {type(target).__name__}")
         if any(key not in target for key in keys):
-            raise status.json_format(f"targets[{position}] must be an object with the keys {', '.join(keys)}")
+            raise errors.json_format(f"targets[{position}] must be an object with the keys {', '.join(keys)}")
         if edge_task and _relation(target["edge_type"]) is None:
-            raise status.json_format(f"targets[{position}].edge_type must be a list of three strings")
+            raise errors.json_format(f"targets[{position}].edge_type must be a list of three strings")
     return targets
 
 
@@ -85,8 +85,8 @@ def _node_targets(invocation: Invocation, targets: list[dict[str, Any]], index: 
         position = _lookup(index.get(node_type) if isinstance(node_type, str) else None, node_id)
         if position is None:
             if not isinstance(node_type, str) or node_type not in index:
-                raise status.target_type_absent(node_type)
-            raise status.target_id_absent(node_id)
+                raise errors.target_type_absent(node_type)
+            raise errors.target_id_absent(node_id)
         ids, positions = found.setdefault(node_type, ([], []))
         ids.append(node_id)
         positions.append(position)
@@ -103,14 +103,14 @@ def _edge_targets(invocation: Invocation, targets: list[dict[str, Any]], index: 
         relation = _relation(target["edge_type"])
         assert relation is not None  # checked by _target_list
         if relation not in invocation.graph.edge_index:
-            raise GraphStormError(status.TARGET_TYPE, ErrorKind.INVALID_INPUT,
+            raise GraphStormError(errors.TARGET_TYPE, ErrorKind.INVALID_INPUT,
                                   f"Mismatched target edge type: the target edge type {list(relation)} does not "
                                   "exist in the payload graph.")
         src_id, dst_id = target["src_node_id"], target["dest_node_id"]
         src = _lookup(index.get(relation[0]), src_id)
         dst = _lookup(index.get(relation[2]), dst_id)
         if src is None or dst is None:
-            raise status.target_id_absent(src_id if src is None else dst_id)
+            raise errors.target_id_absent(src_id if src is None else dst_id)
         pairs, sources, destinations = found.setdefault(relation, ([], [], []))
         pairs.append((src_id, dst_id))
         sources.append(src)
@@ -277,7 +277,7 @@ class _GraphReader:
         for spec in specs:
             if spec.name not in names:
                 if self.absent_feature is None:
-                    self.absent_feature = status.feature_absent(entity, owner if isinstance(owner, str)
+                    self.absent_feature = errors.feature_absent(entity, owner if isinstance(owner, str)
                                                                 else list(owner), spec.name)
                 continue
             values = [features[spec.name] for features in given]

@@ -15,11 +15,11 @@ from typing import Any
 
 import numpy as np
 
+from gateway.cache import TtlCache
 from gateway.confignode import Node
 from gateway.errors import GatewayError, invalid, model_not_found, unsupported
 from gateway.protocols.base import UpstreamClient
 from gateway.protocols.umbridge import codec
-from gateway.protocols.umbridge.cache import TtlCache
 from gateway.protocols.umbridge.mapping import umbridge_metadata
 from gateway.protocols.umbridge.options import UpstreamOptions, parse_upstream_options
 from gateway.tls import http_client_tls

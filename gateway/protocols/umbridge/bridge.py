@@ -11,9 +11,9 @@ from collections.abc import Sequence
 import numpy as np
 
 from gateway.errors import ErrorKind, GatewayError
+from gateway.protocols.base import DataPlaneApi
 from gateway.protocols.umbridge import finite_differences
 from gateway.protocols.umbridge.mapping import ModelView
-from gateway.proxy import DataPlane
 from gateway.types import DERIVATIVE_OPERATION, Derivative, RequestContext
 
 # Rows of an unbatched model are separate requests; at most this many at once.
@@ -21,7 +21,7 @@ MAX_CONCURRENT_ROWS = 8
 
 
 class Bridge:
-    def __init__(self, dataplane: DataPlane, ctx: RequestContext, view: ModelView, config_text: str) -> None:
+    def __init__(self, dataplane: DataPlaneApi, ctx: RequestContext, view: ModelView, config_text: str) -> None:
         self.dataplane = dataplane
         self.ctx = ctx
         self.view = view

@@ -25,46 +25,23 @@ import orjson
 
 from gateway.errors import ErrorKind, GatewayError, invalid, malformed
 from gateway.jsontext import UnportableJson, python_loads
-from gateway.types import DERIVATIVE_KINDS, Derivative
+from gateway.protocols.umbridge.errors import ERROR_TYPES, kind_of_upstream_error
+from gateway.types import (  # the contract's parameters live with the canonical types: re-exported
+    CONFIG_PARAMETER,  # noqa: F401
+    DERIVATIVE_KINDS,
+    SUPPORT_PARAMETER,  # noqa: F401
+    Derivative,
+    config_from_text,  # noqa: F401
+)
 
 PROTOCOL_VERSION = 1.0
 JSON_TYPE = "application/json"
-CONFIG_PARAMETER = "umbridge_config"  # canonical request parameter: config as JSON text
-SUPPORT_PARAMETER = "umbridge_support"  # model metadata parameter: "Evaluate,Gradient,..."
 FEATURES = ("Evaluate", *DERIVATIVE_KINDS)
 
 # How non-finite numbers leave: "null" (valid JSON, as nlohmann::json writes
 # them), "literal" (NaN/Infinity/-Infinity, which Python's json reads) or
 # "error" (answer InvalidOutput rather than lose the value).
 NONFINITE_POLICIES = ("null", "literal", "error")
-
-# ErrorKind -> (UM-Bridge error type, HTTP status). The first four types are
-# the reference ones; the rest name conditions the reference never reports.
-ERROR_TYPES: dict[ErrorKind, tuple[str, int]] = {
-    ErrorKind.MALFORMED_REQUEST: ("InvalidInput", 400),
-    ErrorKind.INVALID_INPUT: ("InvalidInput", 400),
-    ErrorKind.MODEL_NOT_FOUND: ("ModelNotFound", 400),
-    ErrorKind.UNSUPPORTED: ("UnsupportedFeature", 400),
-    ErrorKind.UNAUTHENTICATED: ("Unauthenticated", 401),
-    ErrorKind.TOO_LARGE: ("InvalidInput", 413),
-    ErrorKind.OVERLOADED: ("Overloaded", 429),
-    ErrorKind.UPSTREAM_OVERLOADED: ("UpstreamOverloaded", 503),
-    ErrorKind.NOT_READY: ("NotReady", 503),
-    ErrorKind.UPSTREAM_UNAVAILABLE: ("UpstreamUnavailable", 503),
-    ErrorKind.UPSTREAM_TIMEOUT: ("UpstreamTimeout", 504),
-    ErrorKind.UPSTREAM_BAD_RESPONSE: ("InvalidOutput", 500),
-    ErrorKind.INTERNAL: ("InternalError", 500),
-}
-# An upstream's error type -> kind (its HTTP status decides for other types).
-_KIND_OF_TYPE = {
-    "ModelNotFound": ErrorKind.MODEL_NOT_FOUND,
-    "UnsupportedFeature": ErrorKind.UNSUPPORTED,
-    "InvalidInput": ErrorKind.INVALID_INPUT,
-    "InvalidOutput": ErrorKind.UPSTREAM_BAD_RESPONSE,
-}
-_KIND_OF_STATUS = {404: ErrorKind.MODEL_NOT_FOUND, 413: ErrorKind.TOO_LARGE, 429: ErrorKind.UPSTREAM_OVERLOADED,
-                   501: ErrorKind.UNSUPPORTED, 502: ErrorKind.UPSTREAM_UNAVAILABLE,
-                   503: ErrorKind.UPSTREAM_UNAVAILABLE, 504: ErrorKind.UPSTREAM_TIMEOUT}
 
 _NUMBER_TYPES = frozenset({int, float, type(None)})
 _JSON_NAMES = {str: "a string", bool: "a boolean", list: "a list", dict: "an object"}
@@ -129,20 +106,6 @@ def dumps(obj: dict[str, Any], arrays: Sequence[np.ndarray], policy: str, what: 
 def config_text(config: Any) -> str:
     """The canonical text of a config: the request parameter and cache key."""
     return orjson.dumps(config, option=orjson.OPT_SORT_KEYS).decode()
-
-
-def config_from_text(text: Any) -> dict[str, Any]:
-    if text is None or text == "":
-        return {}
-    if not isinstance(text, str):
-        raise invalid(f"request parameter '{CONFIG_PARAMETER}' must be a string holding a JSON object")
-    try:
-        config = orjson.loads(text)
-    except orjson.JSONDecodeError:
-        raise invalid(f"request parameter '{CONFIG_PARAMETER}' is not valid JSON") from None
-    if not isinstance(config, dict):
-        raise invalid(f"request parameter '{CONFIG_PARAMETER}' must hold a JSON object")
-    return config
 
 
 # --- vectors -------------------------------------------------------------------
@@ -376,8 +339,4 @@ def decode_error(status: int, obj: dict[str, Any] | None, upstream: str) -> Gate
         message = str(error.get("message", ""))[:512]
     detail = f"upstream {upstream} answered {status}" + (f" {error_type}" if error_type else "") + (
         f": {message}" if message else "")
-    kind = _KIND_OF_TYPE.get(error_type)
-    if kind is None:
-        own = {name: k for k, (name, _) in ERROR_TYPES.items() if name not in _KIND_OF_TYPE}
-        kind = own.get(error_type) or _KIND_OF_STATUS.get(status, ErrorKind.UPSTREAM_BAD_RESPONSE)
-    return GatewayError(kind, detail)
+    return GatewayError(kind_of_upstream_error(error_type, status), detail)

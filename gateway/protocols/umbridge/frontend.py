@@ -17,15 +17,15 @@ from typing import Any
 from aiohttp import web
 
 from gateway.budget import admit_json
+from gateway.cache import TtlCache
 from gateway.confignode import Node
 from gateway.errors import ErrorKind, GatewayError
 from gateway.http.exchange import HttpReply, HttpRequest, json_reply
 from gateway.http.fast import FastRoute, route
 from gateway.httpserver import REQUEST_ID_HEADER, HttpFrontend, error_middleware
 from gateway.observe import Translating, operation_label
-from gateway.protocols.umbridge import codec
+from gateway.protocols.umbridge import codec, errors
 from gateway.protocols.umbridge.bridge import Bridge
-from gateway.protocols.umbridge.cache import TtlCache
 from gateway.protocols.umbridge.mapping import ModelView, build_view
 from gateway.protocols.umbridge.options import (
     ListenerOptions,
@@ -67,12 +67,12 @@ def error_response(error: GatewayError, status: int | None = None) -> web.Respon
 
 
 # Every failure leaves as UM-Bridge error JSON, never as a text page.
-umbridge_errors = error_middleware(
-    error_response,
-    {404: ErrorKind.UNSUPPORTED, 405: ErrorKind.UNSUPPORTED, 413: ErrorKind.TOO_LARGE})
+umbridge_errors = error_middleware(error_response, errors.KIND_OF_HTTP_STATUS)
 
 
 class UmbridgeFrontend(HttpFrontend):
+    status_kinds = errors.KIND_OF_HTTP_STATUS
+
     @classmethod
     def parse_options(cls, node: Node) -> ListenerOptions:
         return parse_listener_options(node)

@@ -16,12 +16,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from gateway.errors import ErrorKind, GatewayError, invalid, unsupported
-from gateway.protocols.umbridge.codec import CONFIG_PARAMETER, FEATURES, SUPPORT_PARAMETER
+from gateway.protocols.umbridge.codec import FEATURES
 from gateway.protocols.umbridge.options import FiniteDifferences, RouteOptions
 from gateway.tensors import bf16_to_float, float_to_bf16
 from gateway.types import (
+    CONFIG_PARAMETER,
     DERIVATIVE_KINDS,
     NUMPY_DTYPES,
+    SUPPORT_PARAMETER,
     InferRequest,
     InferResponse,
     ModelMetadata,

@@ -22,7 +22,6 @@ import orjson
 from google.protobuf.message import DecodeError
 
 from gateway.errors import (
-    ErrorKind,
     GatewayError,
     UpstreamFailure,
     connect_failure,
@@ -33,6 +32,7 @@ from gateway.errors import (
 from gateway.limits import TensorBudget
 from gateway.protocols.v2_grpc import messages as pb
 from gateway.protocols.v2_grpc import rawwire
+from gateway.protocols.v2_grpc.errors import CODE_OF_KIND, kind_of_upstream_code
 from gateway.tensors import array_from_raw, array_to_raw
 from gateway.types import (
     NUMPY_DTYPES,
@@ -48,38 +48,6 @@ from gateway.types import (
 
 if TYPE_CHECKING:
     from gateway.config import Limits
-
-# One table from error kind to status code; a test checks it is complete.
-CODE_OF_KIND: Mapping[ErrorKind, grpc.StatusCode] = MappingProxyType({
-    ErrorKind.MALFORMED_REQUEST: grpc.StatusCode.INVALID_ARGUMENT,
-    ErrorKind.INVALID_INPUT: grpc.StatusCode.INVALID_ARGUMENT,
-    ErrorKind.MODEL_NOT_FOUND: grpc.StatusCode.NOT_FOUND,
-    ErrorKind.UNSUPPORTED: grpc.StatusCode.UNIMPLEMENTED,
-    ErrorKind.UNAUTHENTICATED: grpc.StatusCode.UNAUTHENTICATED,
-    ErrorKind.TOO_LARGE: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    ErrorKind.OVERLOADED: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    ErrorKind.UPSTREAM_OVERLOADED: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    ErrorKind.NOT_READY: grpc.StatusCode.UNAVAILABLE,
-    ErrorKind.UPSTREAM_UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
-    ErrorKind.UPSTREAM_TIMEOUT: grpc.StatusCode.DEADLINE_EXCEEDED,
-    ErrorKind.UPSTREAM_BAD_RESPONSE: grpc.StatusCode.INTERNAL,
-    ErrorKind.INTERNAL: grpc.StatusCode.INTERNAL,
-})
-
-# An upstream's status as a gateway kind; codes not listed mean the
-# upstream misbehaved (UPSTREAM_BAD_RESPONSE). Never passed through blindly.
-KIND_OF_UPSTREAM_CODE: Mapping[grpc.StatusCode, ErrorKind] = MappingProxyType({
-    grpc.StatusCode.INVALID_ARGUMENT: ErrorKind.INVALID_INPUT,
-    grpc.StatusCode.OUT_OF_RANGE: ErrorKind.INVALID_INPUT,
-    grpc.StatusCode.NOT_FOUND: ErrorKind.MODEL_NOT_FOUND,
-    grpc.StatusCode.UNIMPLEMENTED: ErrorKind.UNSUPPORTED,
-    grpc.StatusCode.UNAUTHENTICATED: ErrorKind.UNAUTHENTICATED,
-    grpc.StatusCode.PERMISSION_DENIED: ErrorKind.UNAUTHENTICATED,
-    grpc.StatusCode.RESOURCE_EXHAUSTED: ErrorKind.UPSTREAM_OVERLOADED,  # TOO_LARGE when it says so (decode_error)
-    grpc.StatusCode.FAILED_PRECONDITION: ErrorKind.NOT_READY,
-    grpc.StatusCode.UNAVAILABLE: ErrorKind.UPSTREAM_UNAVAILABLE,
-    grpc.StatusCode.DEADLINE_EXCEEDED: ErrorKind.UPSTREAM_TIMEOUT,
-})
 
 # Datatype -> the InferTensorContents field that carries it. FP16 and BF16
 # have none: they travel only raw.
@@ -135,11 +103,7 @@ def decode_error(code: grpc.StatusCode, details: str | None, upstream: str) -> G
     failure = transport_failure(code, details, upstream)
     if failure is not None:
         return failure
-    kind = KIND_OF_UPSTREAM_CODE.get(code, ErrorKind.UPSTREAM_BAD_RESPONSE)
-    if code is grpc.StatusCode.UNKNOWN and "ModelNotFound" in (details or ""):
-        kind = ErrorKind.MODEL_NOT_FOUND  # MLServer 1.7's ModelReady/ModelMetadata leave this unmapped
-    if code is grpc.StatusCode.RESOURCE_EXHAUSTED and "larger than" in (details or ""):
-        kind = ErrorKind.TOO_LARGE  # grpc's own "Received message larger than max": the request, not a load
+    kind = kind_of_upstream_code(code, details)
     detail = (details or "")[:512]
     said = "is unavailable" if code is grpc.StatusCode.UNAVAILABLE else f"answered {code.name}"
     return GatewayError(kind, f"upstream {upstream} {said}" + (f": {detail}" if detail else ""))

@@ -22,6 +22,7 @@ from gateway import tensors
 from gateway.errors import ErrorKind, GatewayError, invalid, malformed
 from gateway.jsontext import UnportableJson, python_loads
 from gateway.limits import TensorBudget, check_json_depth, count_bytes
+from gateway.protocols.v2_rest.errors import STATUS_OF_KIND, kind_of_upstream_status
 from gateway.tensors import (
     JsonNumbers,
     array_from_json,
@@ -51,22 +52,6 @@ BINARY_DATA_SIZE = "binary_data_size"
 JSON_TYPE = "application/json"
 BINARY_TYPE = "application/octet-stream"
 
-STATUS_OF_KIND: dict[ErrorKind, int] = {
-    ErrorKind.MALFORMED_REQUEST: 400,
-    ErrorKind.INVALID_INPUT: 400,
-    ErrorKind.MODEL_NOT_FOUND: 404,
-    ErrorKind.UNSUPPORTED: 501,
-    ErrorKind.UNAUTHENTICATED: 401,
-    ErrorKind.TOO_LARGE: 413,
-    ErrorKind.OVERLOADED: 429,
-    ErrorKind.UPSTREAM_OVERLOADED: 503,
-    ErrorKind.NOT_READY: 503,
-    ErrorKind.UPSTREAM_UNAVAILABLE: 503,
-    ErrorKind.UPSTREAM_TIMEOUT: 504,
-    ErrorKind.UPSTREAM_BAD_RESPONSE: 502,
-    ErrorKind.INTERNAL: 500,
-}
-
 _JSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY
 
 
@@ -78,27 +63,14 @@ def encode_error(error: GatewayError) -> tuple[int, bytes]:
 
 
 def decode_error(status: int, body: bytes | bytearray, upstream: str) -> GatewayError:
-    """An upstream's error answer as a gateway error (never passed through blindly)."""
+    """An upstream's error answer as a gateway error (never passed through
+    blindly: errors.py says what each status means)."""
     try:
         message = str(orjson.loads(body).get("error", ""))[:512]
     except (orjson.JSONDecodeError, AttributeError):
         message = ""
     detail = f"upstream '{upstream}' answered {status}" + (f": {message}" if message else "")
-    if status == 404:
-        return GatewayError(ErrorKind.MODEL_NOT_FOUND, detail)
-    if status in (400, 422):
-        return GatewayError(ErrorKind.INVALID_INPUT, detail)
-    if status == 413:
-        return GatewayError(ErrorKind.TOO_LARGE, detail)
-    if status == 429:  # the upstream's own limit: not the gateway's listener (OVERLOADED)
-        return GatewayError(ErrorKind.UPSTREAM_OVERLOADED, detail)
-    if status == 501:
-        return GatewayError(ErrorKind.UNSUPPORTED, detail)
-    if status in (502, 503):
-        return GatewayError(ErrorKind.UPSTREAM_UNAVAILABLE, detail)
-    if status == 504:
-        return GatewayError(ErrorKind.UPSTREAM_TIMEOUT, detail)
-    return GatewayError(ErrorKind.UPSTREAM_BAD_RESPONSE, detail)
+    return GatewayError(kind_of_upstream_status(status), detail)
 
 
 # --- JSON helpers ----------------------------------------------------------

@@ -10,7 +10,7 @@ shared memory, trace and log settings (see gateway.extensions.REFUSALS).
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import orjson
 from aiohttp import web
@@ -18,13 +18,22 @@ from aiohttp import web
 from gateway.errors import malformed, unsupported
 from gateway.extensions import MODEL_CONFIGURATION, MODEL_REPOSITORY, REFUSALS, STATISTICS
 from gateway.extensions.repository import IndexEntry
+from gateway.extensions.service import Extensions
 from gateway.extensions.statistics import Duration, ModelStatistics
 from gateway.protocols.v2_rest.codec import JSON_TYPE, load_json_object
-
-if TYPE_CHECKING:
-    from gateway.protocols.v2_rest.frontend import V2RestFrontend
+from gateway.types import RequestContext
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class Listener(Protocol):
+    """What these routes need of the V2 REST frontend (which imports them)."""
+
+    extensions: Extensions
+
+    def context(self, request: web.Request) -> RequestContext: ...
+
+    async def read_body(self, request: web.Request) -> bytes: ...
 
 
 # --- JSON shapes ---------------------------------------------------------------
@@ -85,7 +94,7 @@ def _json(value: Any) -> web.Response:
 # --- routes -------------------------------------------------------------------
 
 
-def add_routes(router: web.UrlDispatcher, frontend: V2RestFrontend) -> None:
+def add_routes(router: web.UrlDispatcher, frontend: Listener) -> None:
     """Register before the model routes: ``GET /v2/models/stats`` must win
     over ``GET /v2/models/{model}``, as on Triton."""
     handlers = RestExtensionHandlers(frontend)
@@ -114,7 +123,7 @@ def refusal(reason: str) -> Handler:
 
 
 class RestExtensionHandlers:
-    def __init__(self, frontend: V2RestFrontend) -> None:
+    def __init__(self, frontend: Listener) -> None:
         self.frontend = frontend
         self.extensions = frontend.extensions
 

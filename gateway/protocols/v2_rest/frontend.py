@@ -27,7 +27,7 @@ from gateway.httpserver import (
 from gateway.limits import BYTES_ELEMENT_COST
 from gateway.observe import PASSTHROUGH_RENAMED
 from gateway.protocols.upstream import reading_reply
-from gateway.protocols.v2_rest import codec, extensions
+from gateway.protocols.v2_rest import codec, errors, extensions
 from gateway.routing import Route
 from gateway.types import InferRequest, InferResponse, RequestContext
 
@@ -50,9 +50,7 @@ def error_reply(error: GatewayError, status: int | None = None) -> HttpReply:
 
 
 # Every failure leaves in the V2 error form, never aiohttp's text pages.
-v2_errors = error_middleware(
-    error_response,
-    {404: ErrorKind.MODEL_NOT_FOUND, 405: ErrorKind.UNSUPPORTED, 413: ErrorKind.TOO_LARGE})
+v2_errors = error_middleware(error_response, errors.KIND_OF_HTTP_STATUS)
 
 
 _MODEL_PATHS = ("/v2/models/{model}", "/v2/models/{model}/versions/{version}")
@@ -70,6 +68,7 @@ class RouteOptions:
 class V2RestFrontend(HttpFrontend):
     extensions: Extensions
     probe_paths = frozenset({"/v2/health/live", "/v2/health/ready"})
+    status_kinds = errors.KIND_OF_HTTP_STATUS
 
     @classmethod
     def parse_route_options(cls, node: Node, base_dir: Path) -> RouteOptions:

@@ -1,5 +1,6 @@
-"""A small bounded cache with expiry, for model sizes and capabilities that
-every UM-Bridge call needs but that change rarely."""
+"""A small bounded cache with expiry, for what many requests need but rarely
+changes: model sizes and capabilities (UM-Bridge), model configurations
+(the Triton extensions)."""
 
 from __future__ import annotations
 

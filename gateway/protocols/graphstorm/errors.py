@@ -1,15 +1,19 @@
-"""GraphStorm's ``status_code`` values and the gateway's errors that carry them.
+"""GraphStorm's error table and the gateway's errors that carry its codes.
 
 A GraphStorm endpoint answers HTTP 200 and puts the outcome in the body's
 ``status_code``. Validation raises :class:`GraphStormError` with the exact
 code GraphStorm uses; any other :class:`GatewayError` is encoded through
-:data:`STATUS_OF_KIND`. The leading phrases of the messages follow
+:data:`STATUS_OF_KIND`; an upstream endpoint's code is read through
+:data:`KIND_OF_STATUS`. The leading phrases of the messages follow
 GraphStorm's categories so logs read alike.
 """
 
 from __future__ import annotations
 
-from gateway.errors import ErrorKind, GatewayError
+from collections.abc import Mapping
+from types import MappingProxyType
+
+from gateway.errors import ErrorKind, ErrorTable, GatewayError
 
 OK = 200
 JSON_FORMAT = 400  # wrong content type, invalid JSON, malformed target
@@ -23,7 +27,7 @@ INTERNAL = 500  # anything failing after validation (inference, upstream)
 # Every kind has a code (a test checks). Failures after validation are
 # reported as 500 by the frontend whatever their kind (GraphStorm reports
 # any inference failure so); this table serves failures before inference.
-STATUS_OF_KIND: dict[ErrorKind, int] = {
+STATUS_OF_KIND: Mapping[ErrorKind, int] = MappingProxyType({
     ErrorKind.MALFORMED_REQUEST: JSON_FORMAT,
     ErrorKind.INVALID_INPUT: CONSTRUCTION,
     ErrorKind.MODEL_NOT_FOUND: INTERNAL,  # a gateway configuration problem, not the client's
@@ -37,10 +41,10 @@ STATUS_OF_KIND: dict[ErrorKind, int] = {
     ErrorKind.UPSTREAM_TIMEOUT: INTERNAL,
     ErrorKind.UPSTREAM_BAD_RESPONSE: INTERNAL,
     ErrorKind.INTERNAL: INTERNAL,
-}
+})
 
 # An upstream GraphStorm endpoint's code as a kind, for other frontends.
-KIND_OF_STATUS: dict[int, ErrorKind] = {
+KIND_OF_STATUS: Mapping[int, ErrorKind] = MappingProxyType({
     JSON_FORMAT: ErrorKind.MALFORMED_REQUEST,
     MISSING_FIELD: ErrorKind.MALFORMED_REQUEST,
     402: ErrorKind.MALFORMED_REQUEST,  # "missing data in field": defined, never emitted
@@ -48,7 +52,26 @@ KIND_OF_STATUS: dict[int, ErrorKind] = {
     NOT_FOUND: ErrorKind.INVALID_INPUT,
     CONSTRUCTION: ErrorKind.INVALID_INPUT,
     TASK_MISMATCH: ErrorKind.UNSUPPORTED,
-}
+})
+
+
+# The HTTP status of refusals made before an invocation is read (overload);
+# every other answer is HTTP 200 with the code in the envelope.
+HTTP_STATUS_OF_KIND: Mapping[ErrorKind, int] = MappingProxyType({ErrorKind.OVERLOADED: 429})
+
+# What the frontend's HTTP statuses stand for when no handler noted an error
+# (metrics' outcome): its refusals before an invocation is read.
+KIND_OF_HTTP_STATUS: Mapping[int, ErrorKind] = MappingProxyType({
+    400: ErrorKind.MALFORMED_REQUEST, 401: ErrorKind.UNAUTHENTICATED, 404: ErrorKind.UNSUPPORTED,
+    405: ErrorKind.UNSUPPORTED, 413: ErrorKind.TOO_LARGE, 429: ErrorKind.OVERLOADED,
+})
+
+# An endpoint's HTTP status other than 200 (no envelope to read), as a kind;
+# other statuses: UPSTREAM_BAD_RESPONSE.
+KIND_OF_UPSTREAM_HTTP_STATUS: Mapping[int, ErrorKind] = MappingProxyType({
+    429: ErrorKind.UPSTREAM_OVERLOADED,  # its own limit (SageMaker throttling), as for every protocol
+    502: ErrorKind.UPSTREAM_UNAVAILABLE, 503: ErrorKind.UPSTREAM_UNAVAILABLE, 504: ErrorKind.UPSTREAM_UNAVAILABLE,
+})
 
 
 class GraphStormError(GatewayError):
@@ -63,6 +86,15 @@ def kind_of_status(code: int) -> ErrorKind:
     """An endpoint's ``status_code`` as a kind (codes it has no validation
     meaning for, 500 included: a bad response)."""
     return KIND_OF_STATUS.get(code, ErrorKind.UPSTREAM_BAD_RESPONSE)
+
+
+# The codes an endpoint answers (docs/graphstorm.md), 402 included (defined, never emitted).
+ERRORS = ErrorTable(STATUS_OF_KIND, kind_of_status, frozenset({400, 401, 402, 403, 404, 411, 421, 500}))
+
+
+def kind_of_http_status(status: int) -> ErrorKind:
+    """An endpoint's HTTP status other than 200 as a kind."""
+    return KIND_OF_UPSTREAM_HTTP_STATUS.get(status, ErrorKind.UPSTREAM_BAD_RESPONSE)
 
 
 def status_code_of(error: GatewayError) -> int:

@@ -1,10 +1,11 @@
 """The canonical tensor form of a GraphStorm graph payload.
 
 This is the public contract between the gateway and GNN models served on
-Open Inference Protocol (V2) servers; docs/graphstorm.md describes it for
-model authors. Tensor names are ``/``-separated paths whose components are
-node types, relation names and feature names with ``%`` and ``/`` escaped
-as ``%25`` and ``%2F``:
+Open Inference Protocol (V2) servers and the builtin ``gnn`` model, so it
+lives beside the canonical types, not in one protocol; docs/graphstorm.md
+describes it for model authors. Tensor names are ``/``-separated paths
+whose components are node types, relation names and feature names with
+``%`` and ``/`` escaped as ``%25`` and ``%2F``:
 
 =====================================  ======  =========  =========================
 name                                   type    shape      meaning
