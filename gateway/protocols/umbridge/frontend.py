@@ -194,7 +194,7 @@ class UmbridgeFrontend(HttpFrontend):
         view.require("Evaluate")
         with Translating(ctx.record, "decode"):
             inputs = codec.decode_inputs(call, view.input_sizes)
-            raw, renamed = await self._forwardable(call, body, inputs, view, ctx)
+        raw, renamed = await self._forwardable(call, body, inputs, view, ctx)
         outputs, relayed = await Bridge(self.dataplane, ctx, view, call.config_text).evaluate_point(inputs, raw)
         if relayed is not None:  # the upstream's own answer
             if renamed:
