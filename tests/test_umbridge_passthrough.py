@@ -375,6 +375,14 @@ def test_derivatives_and_other_upstreams_are_unaffected(gateway: GatewayProcess,
         infer = requests.post(f"http://{gateway.url('rest')}/v2/models/square/infer", timeout=30, json={
             "inputs": [{"name": "input_0", "datatype": "FP64", "shape": [3], "data": [1.0, 2.0, 3.0]}]})
         assert infer.status_code == 200 and infer.json()["outputs"][0]["data"] == [1.0, 4.0, 9.0]
+        # a big derivative call: inputs read by the fast reader, the call re-encoded
+        n = 20_000
+        big = orjson.dumps({"name": "square", "input": [np.linspace(0, 1, n).tolist()], "config": {"n": n},
+                            "outWrt": 0, "inWrt": 0, "sens": np.linspace(1, 2, n).tolist()})
+        assert len(big) >= 64 << 10
+        via_reply, direct_reply = post(gateway.url("umb"), big, "Gradient"), post(peer.address, big, "Gradient")
+        assert via_reply.status_code == direct_reply.status_code == 200
+        assert via_reply.json() == direct_reply.json()
     assert counted.delta == {}
     # Finite differences over a UM-Bridge Evaluate: the gateway's own rows, translated.
     fd = umbridge.HTTPModel(f"http://{gateway.url('umb')}", "evaluate_fd")
