@@ -418,6 +418,13 @@ class DataPlane:
         clusters = self.clusters
         return all(operation in clusters[name].clients[0].extensions for name in route.upstreams)
 
+    def relays(self, route: Route, protocol: str) -> bool:
+        """Whether an upstream of ``route`` speaks ``protocol`` with its
+        ``passthrough`` on: a frontend may then hand it the client's bytes."""
+        clusters = self.clusters
+        return any(clusters[name].config.protocol == protocol and clusters[name].config.passthrough
+                   for name in route.upstreams)
+
     async def call_extension(self, operation: str, request: InferRequest, ctx: RequestContext,
                              arguments: Any = None) -> Any:
         """An operation beyond infer (e.g. ``DERIVATIVE_OPERATION``), routed and

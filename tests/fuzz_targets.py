@@ -30,6 +30,7 @@ with atheris.instrument_imports(include=["gateway"]):
     from gateway.protocols.graphstorm import codec as graphstorm
     from gateway.protocols.graphstorm.schema import parse_schema
     from gateway.protocols.umbridge import codec as umbridge
+    from gateway.protocols.umbridge import passthrough as umbridge_passthrough
     from gateway.protocols.v2_grpc import codec as v2_grpc
     from gateway.protocols.v2_grpc import messages as pb
     from gateway.protocols.v2_rest import codec as v2_rest
@@ -61,7 +62,7 @@ def umbridge_call(data: bytes) -> None:
     """What the listener does for Evaluate and each derivative of a model
     with inputs of sizes [2, 1] and outputs of size [3]."""
     check_json_depth(data, LIMITS.max_json_depth, "the request body")
-    call = umbridge.decode_call(data)
+    call, _ = umbridge_passthrough.read_call(data)
     umbridge.decode_inputs(call, (2, 1))
     for kind in ("Gradient", "ApplyJacobian", "ApplyHessian"):
         try:

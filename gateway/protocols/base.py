@@ -45,6 +45,10 @@ class DataPlaneApi(Protocol):
     def offers(self, route: Route, operation: str) -> bool:
         """Whether every upstream of ``route`` answers ``operation`` (call_extension)."""
 
+    def relays(self, route: Route, protocol: str) -> bool:
+        """Whether an upstream of ``route`` speaks ``protocol`` and takes a
+        client's bytes unchanged (its ``passthrough`` on)."""
+
     async def infer(self, request: InferRequest, ctx: RequestContext) -> InferResponse: ...
 
     async def model_metadata(self, model: str, version: str, ctx: RequestContext) -> ModelMetadata: ...

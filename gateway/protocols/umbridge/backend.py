@@ -5,6 +5,12 @@ vector tensor per UM-Bridge input and output (``input_0``, ...,
 ``output_0``, ...); the UM-Bridge ``config`` travels as the request parameter
 ``umbridge_config`` (JSON text). Derivatives and config-dependent sizes are
 offered through ``call_extension``.
+
+Pass-through (``passthrough: true``, the default): an Evaluate from a
+UM-Bridge client carries its body (:class:`~gateway.types.RawPayload`),
+checked by the listener; those bytes go upstream unchanged, and the
+answer's bytes come back unchanged when it is one the client may have as it
+is (umbridge/passthrough.py). Derivatives are always translated.
 """
 
 from __future__ import annotations
@@ -18,8 +24,9 @@ import numpy as np
 from gateway.cache import TtlCache
 from gateway.confignode import Node
 from gateway.errors import GatewayError, invalid, model_not_found, unsupported
+from gateway.observe import PASSTHROUGH_REQUEST_ONLY, PASSTHROUGH_TRANSLATED, PASSTHROUGH_VERBATIM
 from gateway.protocols.base import UpstreamClient
-from gateway.protocols.umbridge import codec
+from gateway.protocols.umbridge import codec, passthrough
 from gateway.protocols.umbridge.mapping import umbridge_metadata
 from gateway.protocols.umbridge.options import UpstreamOptions, parse_upstream_options
 from gateway.tls import http_client_tls
@@ -31,6 +38,7 @@ from gateway.types import (
     InferRequest,
     InferResponse,
     ModelMetadata,
+    RawPayload,
     RequestContext,
     Tensor,
 )
@@ -72,7 +80,7 @@ class UmbridgeClient(UpstreamClient):
 
     # --- HTTP ------------------------------------------------------------------
 
-    async def _exchange(self, method: str, path: str, body: bytes | None,
+    async def _exchange(self, method: str, path: str, body: bytes | bytearray | None,
                         ctx: RequestContext | None = None) -> tuple[int, bytes | bytearray]:
         if self.http is None:
             await self.start()
@@ -170,14 +178,42 @@ class UmbridgeClient(UpstreamClient):
             raise invalid(f"input 'input_{missing[0]}' of UM-Bridge model '{request.model_name}' is missing")
         return [by_index[i] for i in range(len(by_index))]
 
+    def _forwardable(self, request: InferRequest) -> bytes | bytearray | None:
+        """The client's call as its bytes, when a UM-Bridge listener offered
+        them (it checked them, see umbridge/passthrough.py) and this
+        upstream's ``passthrough`` allows it."""
+        raw = request.raw
+        if raw is None or raw.protocol != codec.PROTOCOL or not self.upstream.passthrough:
+            return None
+        return raw.body
+
+    @staticmethod
+    def _answers_as_asked(request: InferRequest, count: int) -> bool:
+        """Whether ``count`` output vectors are the outputs the request asks
+        for (all, in order): else the data plane selects from them."""
+        asked = [output.name for output in request.outputs]
+        return not asked or asked == [f"output_{i}" for i in range(count)]
+
     async def infer(self, request: InferRequest, ctx: RequestContext) -> InferResponse:
         self._check_version(request.model_name, request.model_version)
-        config = codec.config_from_text(request.parameters.get(codec.CONFIG_PARAMETER))
-        body = codec.encode_request(request.model_name, config, self._vectors(request),
-                                    policy=self.options.nonfinite)
-        outputs = codec.decode_outputs(await self._call("POST", "/Evaluate", body, ctx), self.label)
+        body = self._forwardable(request)
+        forwarded = body is not None
+        if body is None:
+            config = codec.config_from_text(request.parameters.get(codec.CONFIG_PARAMETER))
+            body = codec.encode_request(request.model_name, config, self._vectors(request),
+                                        policy=self.options.nonfinite)
+        status, answer = await self._exchange("POST", "/Evaluate", body, ctx)
+        # Read (and checked) whether or not its bytes go back: a broken answer is never relayed.
+        outputs, relayable = await self.services.offload.run(len(answer), passthrough.read_outputs, status, answer,
+                                                             self.label)
         tensors = [Tensor.from_numpy(f"output_{i}", out, "FP64") for i, out in enumerate(outputs)]
-        return InferResponse(request.model_name, "", request.id, tensors)
+        response = InferResponse(request.model_name, "", request.id, tensors)
+        if forwarded and relayable and self._answers_as_asked(request, len(outputs)):
+            response.raw = RawPayload(codec.PROTOCOL, answer, codec.JSON_TYPE)
+        if ctx.protocol == codec.PROTOCOL:  # a UM-Bridge client's call (the listener may still translate the answer)
+            ctx.record.passthrough = (PASSTHROUGH_VERBATIM if response.raw is not None else
+                                      PASSTHROUGH_REQUEST_ONLY if forwarded else PASSTHROUGH_TRANSLATED)
+        return response
 
     async def call_extension(self, operation: str, request: Any, ctx: RequestContext) -> Any:
         if not isinstance(request, ExtensionRequest):

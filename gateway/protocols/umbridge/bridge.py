@@ -12,9 +12,9 @@ import numpy as np
 
 from gateway.errors import ErrorKind, GatewayError
 from gateway.protocols.base import DataPlaneApi
-from gateway.protocols.umbridge import finite_differences
+from gateway.protocols.umbridge import codec, finite_differences
 from gateway.protocols.umbridge.mapping import ModelView
-from gateway.types import DERIVATIVE_OPERATION, Derivative, RequestContext
+from gateway.types import DERIVATIVE_OPERATION, Derivative, RawPayload, RequestContext
 
 # Rows of an unbatched model are separate requests; at most this many at once.
 MAX_CONCURRENT_ROWS = 8
@@ -31,6 +31,21 @@ class Bridge:
         request = self.view.request(rows, self.config_text, self.ctx.request_id)
         response = await self.dataplane.infer(request, self.ctx)
         return self.view.rows_of(response, len(rows))
+
+    async def evaluate_point(self, inputs: Sequence[np.ndarray],
+                             raw: RawPayload | None) -> tuple[list[np.ndarray], bytes | bytearray | None]:
+        """The outputs of one point; with ``raw`` (the client's call, fit to
+        go upstream as it is) also the upstream's own answer when the
+        client may have it as it is: a UM-Bridge upstream's checked answer
+        holding exactly the vectors asked for (the view's), in its order."""
+        request = self.view.request([inputs], self.config_text, self.ctx.request_id)
+        request.raw = raw
+        response = await self.dataplane.infer(request, self.ctx)
+        (outputs,) = self.view.rows_of(response, 1)
+        relayed = response.raw
+        if raw is None or relayed is None or relayed.protocol != codec.PROTOCOL or not self.view.in_upstream_order:
+            return outputs, None
+        return outputs, relayed.body
 
     async def evaluate(self, rows: finite_differences.Rows) -> finite_differences.Rows:
         """Outputs of every row: batched requests when the model has a batch

@@ -34,6 +34,7 @@ from gateway.types import (  # the contract's parameters live with the canonical
     config_from_text,  # noqa: F401
 )
 
+PROTOCOL = "umbridge"  # RawPayload.protocol of UM-Bridge bodies (pass-through)
 PROTOCOL_VERSION = 1.0
 JSON_TYPE = "application/json"
 FEATURES = ("Evaluate", *DERIVATIVE_KINDS)
@@ -112,7 +113,10 @@ def config_text(config: Any) -> str:
 
 
 def vector(value: Any, where: str) -> np.ndarray:
-    """A JSON list of numbers as float64 (null -> NaN)."""
+    """A JSON list of numbers as float64 (null -> NaN); an array is one the
+    fast reader already read (umbridge/passthrough.py)."""
+    if isinstance(value, np.ndarray):
+        return value
     if not isinstance(value, list):
         raise invalid(f"{where} must be a list of numbers, got {_json_name(value)}")
     if not set(map(type, value)) <= _NUMBER_TYPES:
@@ -132,7 +136,7 @@ def vectors(value: Any, sizes: Sequence[int], where: str) -> list[np.ndarray]:
         raise invalid(f"'{where}' has {len(value)} vectors but the model takes {len(sizes)}")
     out = []
     for index, (item, size) in enumerate(zip(value, sizes, strict=True)):
-        if isinstance(item, list) and len(item) != size:
+        if isinstance(item, list | np.ndarray) and len(item) != size:
             raise invalid(f"'{where}' vector {index} has length {len(item)} but the model expects {size}")
         out.append(vector(item, f"'{where}' vector {index}"))
     return out
@@ -176,8 +180,12 @@ class Call:
         return config_text(self.config) if self.config else ""
 
 
-def decode_call(body: bytes) -> Call:
-    obj = load_object(body, "the request body")
+def decode_call(body: bytes | bytearray) -> Call:
+    return call_of(load_object(body, "the request body"))
+
+
+def call_of(obj: dict[str, Any]) -> Call:
+    """The structural checks of :func:`decode_call` on a parsed body."""
     name = obj.get("name")
     if name is None:
         raise malformed("the request has no model 'name'")

@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from aiohttp import web
 
 from gateway.budget import admit_json
@@ -23,8 +24,14 @@ from gateway.errors import ErrorKind, GatewayError
 from gateway.http.exchange import HttpReply, HttpRequest, json_reply
 from gateway.http.fast import FastRoute, route
 from gateway.httpserver import REQUEST_ID_HEADER, HttpFrontend, error_middleware
-from gateway.observe import Translating, operation_label
-from gateway.protocols.umbridge import codec, errors
+from gateway.observe import (
+    PASSTHROUGH_RENAMED,
+    PASSTHROUGH_REQUEST_ONLY,
+    PASSTHROUGH_VERBATIM,
+    Translating,
+    operation_label,
+)
+from gateway.protocols.umbridge import codec, errors, passthrough
 from gateway.protocols.umbridge.bridge import Bridge
 from gateway.protocols.umbridge.mapping import ModelView, build_view
 from gateway.protocols.umbridge.options import (
@@ -39,11 +46,12 @@ from gateway.types import (
     METADATA_OPERATION,
     InferRequest,
     ModelMetadata,
+    RawPayload,
     RequestContext,
 )
 
 log = logging.getLogger(__name__)
-PROTOCOL = "umbridge"
+PROTOCOL = codec.PROTOCOL
 Handler = Callable[[HttpRequest], Awaitable[HttpReply]]
 
 # Failures that say nothing about whether a model exists: such models stay
@@ -57,8 +65,8 @@ def json_response(body: bytes, status: int = 200, request_id: str = "") -> web.R
     return web.Response(status=status, body=body, content_type=codec.JSON_TYPE, headers=headers)
 
 
-def answer(body: bytes, ctx: RequestContext) -> HttpReply:
-    return json_reply(body, headers={REQUEST_ID_HEADER: ctx.request_id})
+def answer(body: bytes | bytearray, ctx: RequestContext) -> HttpReply:
+    return HttpReply(200, [body], codec.JSON_TYPE, {REQUEST_ID_HEADER: ctx.request_id})
 
 
 def error_response(error: GatewayError, status: int | None = None) -> web.Response:
@@ -130,13 +138,19 @@ class UmbridgeFrontend(HttpFrontend):
 
     # --- handlers -------------------------------------------------------------
 
+    async def _read(self, request: HttpRequest) -> tuple[codec.Call, bytes | bytearray | None]:
+        """The call, and its body when that may go upstream as it is once
+        the values are checked (strict JSON, no repeated key)."""
+        body = await request.read()
+        reservation = request.reservation()
+        await admit_json(body, reservation, self.services.offload, self.services.config.limits, "the request body")
+        with Translating(request.ctx.record, "decode"):
+            call, strict = await self.services.offload.run(len(body), passthrough.read_call, body, reservation.grow)
+        return call, body if strict else None
+
     async def _call(self, request: HttpRequest) -> tuple[codec.Call, RequestContext]:
-        ctx = request.ctx
-        body = await request.read_bytes()
-        await admit_json(body, request.reservation(), self.services.offload, self.services.config.limits,
-                         "the request body")
-        with Translating(ctx.record, "decode"):
-            return await self.services.offload.run(len(body), codec.decode_call, body), ctx
+        call, _ = await self._read(request)
+        return call, request.ctx
 
     async def info(self, request: HttpRequest) -> HttpReply:
         ctx = request.ctx
@@ -174,15 +188,40 @@ class UmbridgeFrontend(HttpFrontend):
         return answer(codec.encode_support(view.support), ctx)
 
     async def evaluate(self, request: HttpRequest) -> HttpReply:
-        call, ctx = await self._call(request)
+        call, body = await self._read(request)
+        ctx = request.ctx
         view = await self.view(call.name, call.config_text, ctx)
         view.require("Evaluate")
         with Translating(ctx.record, "decode"):
             inputs = codec.decode_inputs(call, view.input_sizes)
-        (outputs,) = await Bridge(self.dataplane, ctx, view, call.config_text).evaluate([inputs])
+        raw, renamed = await self._forwardable(call, body, inputs, view, ctx)
+        outputs, relayed = await Bridge(self.dataplane, ctx, view, call.config_text).evaluate_point(inputs, raw)
+        if relayed is not None:  # the upstream's own answer
+            if renamed:
+                ctx.record.passthrough = PASSTHROUGH_RENAMED
+            return answer(relayed, ctx)
+        if ctx.record.passthrough == PASSTHROUGH_VERBATIM:  # an answer this view translates after all
+            ctx.record.passthrough = PASSTHROUGH_REQUEST_ONLY
         with Translating(ctx.record, "encode"):
             body = codec.encode_outputs(outputs, self.options.nonfinite)
         return answer(body, ctx)
+
+    async def _forwardable(self, call: codec.Call, body: bytes | bytearray | None, inputs: list[np.ndarray],
+                           view: ModelView, ctx: RequestContext) -> tuple[RawPayload | None, bool]:
+        """The client's body as it may go to a UM-Bridge upstream of the
+        route (its ``passthrough`` on), with the upstream's model name when
+        the route rewrites it, and whether it was renamed; None: translate.
+        The body's values are checked by now (decode_inputs)."""
+        if body is None or not view.in_upstream_order or not passthrough.finite(inputs):
+            return None, False
+        route = self.dataplane.resolve(call.name, "", ctx)  # the request's route, resolved once
+        if not self.dataplane.relays(route, PROTOCOL):
+            return None, False
+        target = route.config.rewrite.model
+        if target is None or target == call.name:
+            return RawPayload(PROTOCOL, body, codec.JSON_TYPE), False
+        renamed = await self.services.offload.run(len(body), passthrough.renamed, body, call.name, target)
+        return (RawPayload(PROTOCOL, renamed, codec.JSON_TYPE), True) if renamed is not None else (None, False)
 
     def _derivative_handler(self, kind: str) -> Handler:
         async def handle(request: HttpRequest) -> HttpReply:

@@ -69,6 +69,15 @@ class ModelView:
     def output_sizes(self) -> tuple[int, ...]:
         return tuple(s.size for s in self.outputs)
 
+    @property
+    def in_upstream_order(self) -> bool:
+        """Whether the vectors are all of the model's tensors, in its order,
+        the inputs FP64: then a UM-Bridge call and answer mean the same to
+        a UM-Bridge upstream as to the client (the pass-through's test)."""
+        return (self.input_positions == tuple(range(len(self.inputs)))
+                and self.output_positions == tuple(range(len(self.outputs)))
+                and all(slot.datatype == "FP64" for slot in self.inputs))
+
     def require(self, feature: str) -> None:
         if feature not in self.support:
             hint = (" (derivatives of V2 models need options.umbridge.finite_differences on the route)"
