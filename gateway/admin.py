@@ -21,7 +21,7 @@ from gateway.config import Address, AdminConfig, GatewayConfig
 from gateway.configview import effective_config
 from gateway.counters import Counters
 from gateway.errors import GatewayError
-from gateway.httpserver import accepted_coding
+from gateway.http.body import accepted_coding
 from gateway.metrics import render_settled
 from gateway.proxy import DataPlane
 from gateway.services import GatewayServices

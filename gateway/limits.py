@@ -4,7 +4,7 @@
 checked from declared shapes before any tensor data is allocated.
 :func:`check_json_depth` bounds JSON nesting before a body is parsed.
 Listener-level limits (connections, concurrent requests, headers, read
-timeouts) live with the servers: ``gateway/httpserver.py`` and the gRPC
+timeouts) live with the servers: ``gateway/http/`` and the gRPC
 frontend. docs/security.md lists every limit and its default.
 """
 

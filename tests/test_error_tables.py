@@ -19,7 +19,7 @@ import orjson
 import pytest
 
 from gateway.errors import GATEWAY_ONLY_KINDS, ErrorKind, ErrorTable, GatewayError
-from gateway.httpserver import HttpFrontend
+from gateway.http.frontend import HttpFrontend
 from gateway.protocols import registry
 from gateway.protocols.base import Frontend, UpstreamClient
 from gateway.protocols.graphstorm import codec as graphstorm

@@ -1,6 +1,6 @@
 """One HTTP request and its reply as a handler sees them, whichever server
 read the request: the fast protocol (gateway/http/fast.py) or the aiohttp
-application (gateway/httpserver.py). Hot handlers are written once against
+application (gateway/http/aiohttp_app.py). Hot handlers are written once against
 these, so the two servers cannot answer one request differently."""
 
 from __future__ import annotations

@@ -104,7 +104,7 @@ class FastListener:
     protocol: str
     services: Any  # GatewayServices
     routes: FastRoutes
-    guard: Any  # gateway.httpserver.ListenerGuard
+    guard: Any  # gateway.http.guard.ListenerGuard
     render: Callable[[GatewayError, int | None], HttpReply]  # the protocol's error form
     handoff: Callable[[], asyncio.Protocol]  # a new aiohttp connection handler
     authenticator: Callable[[], Authenticator | None]

@@ -26,10 +26,11 @@ from gateway.graphtensors import (
     NODE_TASKS,
     TASK_PARAMETER,
 )
+from gateway.http.aiohttp_app import note_error
 from gateway.http.exchange import HttpReply, HttpRequest, json_reply
 from gateway.http.fast import FastRoute, route
-from gateway.httpserver import REQUEST_ID_HEADER, HttpFrontend, note_error
-from gateway.observe import Translating
+from gateway.http.frontend import HttpFrontend
+from gateway.observe import REQUEST_ID_HEADER, Translating
 from gateway.protocols.graphstorm import codec, errors
 from gateway.protocols.graphstorm.errors import GraphStormError
 from gateway.protocols.graphstorm.schema import GraphSchema, load_schema

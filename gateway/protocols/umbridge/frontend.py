@@ -21,13 +21,15 @@ from gateway.budget import admit_json
 from gateway.cache import TtlCache
 from gateway.confignode import Node
 from gateway.errors import ErrorKind, GatewayError
+from gateway.http.aiohttp_app import error_middleware
 from gateway.http.exchange import HttpReply, HttpRequest, json_reply
 from gateway.http.fast import FastRoute, route
-from gateway.httpserver import REQUEST_ID_HEADER, HttpFrontend, error_middleware
+from gateway.http.frontend import HttpFrontend
 from gateway.observe import (
     PASSTHROUGH_RENAMED,
     PASSTHROUGH_REQUEST_ONLY,
     PASSTHROUGH_VERBATIM,
+    REQUEST_ID_HEADER,
     Translating,
     operation_label,
 )
@@ -236,6 +238,6 @@ class UmbridgeFrontend(HttpFrontend):
                 body = codec.encode_vector_output(result, self.options.nonfinite)
             return answer(body, ctx)
 
-        # The handler's name is the request's `operation` label (gateway.httpserver).
+        # The handler's name is the request's `operation` label (gateway/http/aiohttp_app.py).
         handle.__name__ = handle.__qualname__ = operation_label(kind)
         return handle

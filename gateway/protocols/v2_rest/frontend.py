@@ -15,17 +15,13 @@ from gateway.confignode import Node
 from gateway.errors import ErrorKind, GatewayError
 from gateway.extensions import BINARY_TENSOR_DATA
 from gateway.extensions.service import Extensions
+from gateway.http.aiohttp_app import error_middleware, request_context
+from gateway.http.body import accepted_coding
 from gateway.http.exchange import Handler, HttpReply, HttpRequest, compress
 from gateway.http.fast import FastRoute, route
-from gateway.httpserver import (
-    REQUEST_ID_HEADER,
-    HttpFrontend,
-    accepted_coding,
-    error_middleware,
-    request_context,
-)
+from gateway.http.frontend import HttpFrontend
 from gateway.limits import BYTES_ELEMENT_COST
-from gateway.observe import PASSTHROUGH_RENAMED
+from gateway.observe import PASSTHROUGH_RENAMED, REQUEST_ID_HEADER
 from gateway.protocols.upstream import reading_reply
 from gateway.protocols.v2_rest import codec, errors, extensions
 from gateway.routing import Route

@@ -1,16 +1,17 @@
-"""What every aiohttp-based frontend shares: binding a listener, reading a
-body under the size limit, request decompression, request context."""
+"""The aiohttp application of an HTTP listener: the server the fast path
+hands unusual requests to (and every request when ``fast_path`` is off).
+Its middleware chain gives the same answers as the fast path's lifecycle:
+request context and ids, credentials, the guard's limits, errors in the
+protocol's form, the access log; its connection handlers are counted by
+the listener's guard and answer malformed HTTP in the protocol's form."""
 
 from __future__ import annotations
 
-import abc
 import asyncio
 import functools
 import logging
 import re
-import socket
 import ssl
-import zlib
 from collections.abc import Awaitable, Callable, Mapping
 from types import MappingProxyType
 from typing import Any
@@ -32,13 +33,14 @@ from aiohttp.http_exceptions import (
 from aiohttp.web_protocol import RequestHandler
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from gateway.acceptor import Acceptor, RefusalLog, bind
+from gateway.acceptor import Acceptor, bind
 from gateway.auth import Authenticator
 from gateway.budget import Reservation
-from gateway.config import ListenerConfig
 from gateway.errors import ErrorKind, GatewayError, malformed, too_large, unsupported
-from gateway.http.exchange import Handler, HttpReply, HttpRequest, HttpStatusError, compress, outcome_of_status
-from gateway.http.fast import FastConnection, FastListener, FastRoute, FastRoutes
+from gateway.http.body import decompress
+from gateway.http.exchange import HttpReply, HttpStatusError, outcome_of_status
+from gateway.http.fast import FastConnection, FastListener
+from gateway.http.guard import ListenerGuard
 from gateway.observe import (
     OUTCOME_CANCELLED,
     REQUEST_ID_HEADER,
@@ -51,72 +53,12 @@ from gateway.observe import (
 )
 from gateway.offload import Offloader
 from gateway.protocols.base import Frontend
-from gateway.tls import ServerTls
 from gateway.types import RequestContext
 
 log = logging.getLogger(__name__)
-_DECOMPRESS_CHUNK = 1 << 20
+
+
 _LINGERING_TIME = 10.0  # aiohttp's default
-
-
-def decompress(body: bytes | bytearray, encoding: str, limit: int) -> bytearray:
-    """gzip/deflate body, refusing to inflate past ``limit`` bytes."""
-    if encoding == "gzip":
-        inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
-    elif encoding == "deflate":
-        inflater = zlib.decompressobj()  # zlib-wrapped, as HTTP's "deflate" is
-    else:
-        raise unsupported(f"unsupported Content-Encoding '{encoding[:40]}'; use gzip or deflate")
-    out = bytearray()
-    data = body
-    try:
-        # Inflated a chunk at a time: each call releases the GIL while zlib
-        # works, and the output never lands in one more whole-body copy.
-        while data or not inflater.eof:
-            chunk = inflater.decompress(data, min(_DECOMPRESS_CHUNK, limit + 1 - len(out)))
-            out += chunk
-            if len(out) > limit:
-                raise too_large(f"request body inflates to more than the limit of {limit} bytes")
-            data = inflater.unconsumed_tail
-            if not chunk and not data:
-                break
-        out += inflater.flush()
-    except zlib.error as exc:
-        raise GatewayError(ErrorKind.MALFORMED_REQUEST, f"request body is not valid {encoding}: {exc}") from None
-    if len(out) > limit:
-        raise too_large(f"request body inflates to more than the limit of {limit} bytes")
-    if not inflater.eof:
-        raise GatewayError(ErrorKind.MALFORMED_REQUEST, f"request body is a truncated {encoding} stream")
-    return out
-
-
-def accepted_coding(accept_encoding: str, offered: tuple[str, ...] = ("gzip", "deflate")) -> str | None:
-    """The content coding of ``offered`` the client prefers by its
-    Accept-Encoding (RFC 9110 §12.5.3): q-values count, ``q=0`` refuses a
-    coding, ``*`` stands for any coding not named; None for identity. Ties
-    go to the earlier of ``offered``."""
-    weights: dict[str, float] = {}
-    for item in accept_encoding.lower().split(","):
-        name, _, params = item.partition(";")
-        name = name.strip()
-        if not name:
-            continue
-        weight = 1.0
-        for param in params.split(";"):
-            key, _, value = param.strip().partition("=")
-            if key == "q":
-                try:
-                    weight = min(max(float(value), 0.0), 1.0)
-                except ValueError:
-                    weight = 0.0  # a q-value that cannot be read accepts nothing
-        weights[name] = weight
-    best, best_weight = None, 0.0
-    for coding in offered:
-        weight = weights.get(coding, weights.get("*", 0.0))
-        if weight > best_weight:
-            best, best_weight = coding, weight
-    return best
-
 
 # What a request holds of the memory budget (HttpFrontend.reservation).
 RESERVATION = web.RequestKey("gateway_reservation", Reservation)
@@ -168,6 +110,7 @@ async def _read_exactly(request: web.Request, size: int) -> bytearray:
     if filled != size:
         raise malformed(f"the request body ended after {filled} of {size} bytes")
     return buffer
+
 
 
 def error_middleware(respond: Callable[[GatewayError, int | None], web.StreamResponse],
@@ -371,152 +314,67 @@ _EXPECT = web.RequestKey("gateway_expect", str)
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 
 
-class ListenerGuard:
-    """Counts one listener's connections and requests in flight (issue 9).
+def guard_middleware(guard: ListenerGuard) -> Callable[..., Awaitable[web.StreamResponse]]:
+    """The guard's checks of each request the aiohttp app serves: the
+    connection limit, max_concurrent_requests (health probes exempt),
+    `Expect`; a request whose body was abandoned closes its connection."""
 
-    Requests past ``max_requests`` are refused at once as OVERLOADED; they
-    never wait in a queue. A connection accepted at ``max_connections``
-    makes room by closing the connection idle the longest (waiting for its
-    next request head, or still in its TLS handshake), as nginx does. Only
-    when none is idle is it over the limit: it gets the OVERLOADED answer to
-    its first request and is closed; past twice the limit it is closed at
-    once, so a flood costs no more than a socket. Refusals are logged,
-    rate-limited (``refusals``).
-    """
-
-    def __init__(self, listener: str, max_connections: int, max_requests: int, max_body: int, render: Render,
-                 probe_paths: frozenset[str] = frozenset()) -> None:
-        self.max_connections = max_connections
-        self.max_requests = max_requests
-        self.max_body = max_body  # a declared body over it is refused before `100 Continue`
-        self.render = render
-        self.probe_paths = probe_paths  # health probes: answered even when busy
-        self.connections = 0  # accepted and not closed yet
-        self.requests = 0
-        self.refusals = RefusalLog(listener)
-        # Connections between requests, in the order they got there (oldest first).
-        self._waiting: dict[Any, None] = {}  # aiohttp handlers and fast connections
-
-    # --- connections (called by the listener's Acceptor and handlers) ---
-
-    def admit(self) -> bool | None:
-        """A connection was accepted: whether it is over the limit, or None
-        when it must be closed at once. It is counted from now."""
-        if self.connections >= self.max_connections:
-            self.close_oldest_idle()
-        if self.connections >= 2 * self.max_connections:
-            self.refusals.refused(f"past twice limits.max_connections ({self.max_connections}), none idle: "
-                                  "closed at once")
-            return None
-        self.connections += 1
-        over_limit = self.connections > self.max_connections
-        if over_limit:
-            self.refusals.refused(f"past limits.max_connections ({self.max_connections}), none idle: "
-                                  "answered overloaded")
-        return over_limit
-
-    def opened(self, handler: Any, over_limit: bool) -> None:
-        """An admitted connection has its handler (it is not connected yet)."""
-        handler.over_limit = over_limit
-        handler.counted = True
-        self._waiting[handler] = None
-
-    def closed(self, handler: Any) -> None:
-        """A connection is gone."""
-        if handler.counted:
-            handler.counted = False
-            self.connections -= 1
-            self._waiting.pop(handler, None)
-
-    def request_started(self, handler: Any) -> None:
-        self._waiting.pop(handler, None)
-
-    def request_finished(self, handler: Any) -> None:
-        if handler.counted:
-            self._waiting[handler] = None  # the newest to wait
-
-    def close_oldest_idle(self) -> bool:
-        """Close the connection idle the longest; False if none is idle."""
-        for handler in self._waiting:  # a few may be between states (lingering): skipped
-            if handler.idle:
-                self.closed(handler)
-                handler.evict()
-                log.debug("listener %s: closed the connection idle the longest (%s) to make room",
-                          self.refusals.listener, handler.peername)
-                return True
-        return False
-
-    def replace(self, old: Any, new: Any) -> None:
-        """Connection ``old`` is handed over to protocol ``new`` (the fast
-        path's to aiohttp's): counted once, as ``new`` from now on."""
-        new.over_limit = old.over_limit
-        new.counted, old.counted = old.counted, False
-        self._waiting.pop(old, None)
-        if new.counted:
-            self._waiting[new] = None
-
-    # --- requests ---
-
-    def over_connections_message(self) -> str:
-        return f"the listener has more than {self.max_connections} connections (limits.max_connections); retry later"
-
-    def busy_message(self) -> str:
-        return (f"the listener is handling {self.requests} requests, its limit (limits.max_concurrent_requests); "
-                "retry later")
-
-    def middleware(self) -> Callable[..., Awaitable[web.StreamResponse]]:
-        @web.middleware
-        async def admit(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-                        ) -> web.StreamResponse:
-            if getattr(request.protocol, "over_limit", False):
-                return self._refuse(request, self.over_connections_message(), close=True)
-            probe = request.path in self.probe_paths
-            if not probe and self.requests >= self.max_requests:
-                return self._refuse(request, self.busy_message())
-            if _EXPECT in request:
-                refusal = await self._answer_expectation(request)
-                if refusal is not None:
-                    return refusal
-            if probe:
-                return await handler(request)
-            self.requests += 1
-            try:
-                response = await handler(request)
-            finally:
-                self.requests -= 1
-            if request.get(_ABANDONED):
-                response.force_close()
-            return response
-
-        return admit
-
-    async def _answer_expectation(self, request: web.Request) -> web.StreamResponse | None:
-        """What the head alone decides comes before `100 Continue`: 417 for
-        another expectation, 413 for a declared body over the limit, an
-        unknown route (answered 404/405 by the chain). Then ask for the body."""
-        if request[_EXPECT].strip().lower() != "100-continue":
-            return self._refuse_with(request, HttpStatusError(
-                ErrorKind.UNSUPPORTED, "the only expectation supported is 'Expect: 100-continue'", 417))
-        if request.match_info.http_exception is not None:
-            return None
-        declared = request.content_length
-        if declared is not None and declared > self.max_body:
-            return self._refuse_with(request, too_large(
-                f"request body of {declared} bytes exceeds the limit of {self.max_body} bytes"))
-        await request.writer.write(_CONTINUE)
-        request.writer.output_size = 0  # as aiohttp's own expect handler: the answer has not started
-        del request[_EXPECT]
-        return None
-
-    def _refuse(self, request: web.Request, message: str, close: bool = False) -> web.StreamResponse:
-        response = self._refuse_with(request, GatewayError(ErrorKind.OVERLOADED, message))
-        if close:
+    @web.middleware
+    async def admit(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                    ) -> web.StreamResponse:
+        if getattr(request.protocol, "over_limit", False):
+            return _refuse(guard, request, guard.over_connections_message(), close=True)
+        probe = request.path in guard.probe_paths
+        if not probe and guard.requests >= guard.max_requests:
+            return _refuse(guard, request, guard.busy_message())
+        if _EXPECT in request:
+            refusal = await _answer_expectation(guard, request)
+            if refusal is not None:
+                return refusal
+        if probe:
+            return await handler(request)
+        guard.requests += 1
+        try:
+            response = await handler(request)
+        finally:
+            guard.requests -= 1
+        if request.get(_ABANDONED):
             response.force_close()
         return response
 
-    def _refuse_with(self, request: web.Request, error: GatewayError) -> web.StreamResponse:
-        note_error(request, error)
-        return self.render(error, getattr(error, "http_status", None))
+    return admit
+
+
+async def _answer_expectation(guard: ListenerGuard, request: web.Request) -> web.StreamResponse | None:
+    """What the head alone decides comes before `100 Continue`: 417 for
+    another expectation, 413 for a declared body over the limit, an
+    unknown route (answered 404/405 by the chain). Then ask for the body."""
+    if request[_EXPECT].strip().lower() != "100-continue":
+        return _refuse_with(guard, request, HttpStatusError(
+            ErrorKind.UNSUPPORTED, "the only expectation supported is 'Expect: 100-continue'", 417))
+    if request.match_info.http_exception is not None:
+        return None
+    declared = request.content_length
+    if declared is not None and declared > guard.max_body:
+        return _refuse_with(guard, request, too_large(
+            f"request body of {declared} bytes exceeds the limit of {guard.max_body} bytes"))
+    await request.writer.write(_CONTINUE)
+    request.writer.output_size = 0  # as aiohttp's own expect handler: the answer has not started
+    del request[_EXPECT]
+    return None
+
+
+def _refuse(guard: ListenerGuard, request: web.Request, message: str, close: bool = False) -> web.StreamResponse:
+    response = _refuse_with(guard, request, GatewayError(ErrorKind.OVERLOADED, message))
+    if close:
+        response.force_close()
+    return response
+
+
+def _refuse_with(guard: ListenerGuard, request: web.Request, error: GatewayError) -> web.StreamResponse:
+    note_error(request, error)
+    response: web.StreamResponse = guard.render(error, getattr(error, "http_status", None))
+    return response
 
 
 class _GuardedRequestHandler(RequestHandler):
@@ -702,211 +560,6 @@ class _GuardedSite(web.BaseSite):
         self._server = acceptor
 
 
-class HttpFrontend(Frontend):
-    """A frontend served by one aiohttp application on the listener address."""
-
-    _runner: web.AppRunner | None = None
-    _fast: FastListener | None = None
-    _port = 0
-    _tls: ServerTls | None = None
-    _authenticator: Authenticator | None = None
-
-    @abc.abstractmethod
-    def build_app(self) -> web.Application:
-        """The frontend's routes (each HTTP frontend defines its own)."""
-
-    @property
-    def bound_port(self) -> int:
-        return self._port
-
-    @property
-    def max_body(self) -> int:
-        return self.services.config.limits.max_request_bytes
-
-    # Health probes: answered without credentials when the listener has
-    # `auth`, and even past limits.max_concurrent_requests.
-    probe_paths: frozenset[str] = frozenset()
-
-    @property
-    @abc.abstractmethod
-    def status_kinds(self) -> Mapping[int, ErrorKind]:
-        """What this protocol's HTTP statuses stand for when no handler noted
-        an error (metrics' outcome): its error table read backwards, from its
-        errors.py (core code knows no protocol's statuses)."""
-
-    @abc.abstractmethod
-    def error_reply(self, error: GatewayError, status: int | None) -> HttpReply:
-        """An error in this protocol's form; ``status`` overrides the kind's
-        HTTP status."""
-
-    def render_error(self, error: GatewayError, status: int | None) -> web.StreamResponse:
-        reply = self.error_reply(error, status)
-        return web.Response(status=reply.status, body=b"".join(reply.parts), headers=_reply_headers(reply))
-
-    def fast_routes(self) -> list[FastRoute]:
-        """The requests the fast path serves (gateway/http/fast.py); each
-        handler is also routed in the aiohttp app (:meth:`serving`), which
-        serves it on connections the fast path handed over."""
-        return []
-
-    def add_routes(self, app: web.Application, handlers: list[tuple[str, str, Handler]]) -> None:
-        """Route each (method, path, handler) in the aiohttp app; GET routes
-        answer HEAD too, as aiohttp's own ``add_get`` does."""
-        for method, path, handler in handlers:
-            if method == "GET":
-                app.router.add_get(path, self.serving(handler))
-            else:
-                app.router.add_route(method, path, self.serving(handler))
-
-    def serving(self, handler: Handler) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
-        """``handler`` as an aiohttp handler (of the same name: the
-        request's ``operation`` label)."""
-
-        async def handle(request: web.Request) -> web.StreamResponse:
-            return await aiohttp_reply(request, await handler(AiohttpRequest(self, request)))
-
-        handle.__name__ = handle.__qualname__ = getattr(handler, "__name__", "other")
-        return handle
-
-    @property
-    def guard(self) -> ListenerGuard:
-        guard = getattr(self, "_guard", None)
-        if guard is None:
-            limits = self.services.config.limits
-            guard = self._guard = ListenerGuard(self.listener.name, limits.max_connections,
-                                                limits.max_concurrent_requests, self.max_body, self.render_error,
-                                                self.probe_paths)
-        return guard
-
-    def reservation(self, request: web.Request) -> Reservation:
-        """What this request holds of the memory budget (released when its
-        handler ends, by the observing middleware)."""
-        held = request.get(RESERVATION)
-        if held is None:
-            held = request[RESERVATION] = self.services.budget.reserve()
-        return held
-
-    async def read_buffer(self, request: web.Request) -> bytes | bytearray:
-        """The request body under the listener's size limit and read timeout,
-        uncopied (tensor payloads decode as views of it), charged to the
-        memory budget before it is read (when its length is declared)."""
-        reservation = self.reservation(request)
-        declared = request.content_length
-        if declared is not None and declared <= self.max_body:
-            reservation.grow(declared)
-        body = await read_body(request, self.max_body, self.services.config.limits.body_timeout,
-                               self.services.offload)
-        reservation.grow(len(body) - min(declared or 0, len(body)))  # inflated, or sent without a length
-        return body
-
-    async def read_body(self, request: web.Request) -> bytes:
-        """:meth:`read_buffer` as immutable bytes (for JSON, hashing)."""
-        body = await self.read_buffer(request)
-        return body if isinstance(body, bytes) else bytes(body)
-
-    def new_app(self, middlewares: list[Callable[..., Awaitable[Any]]]) -> web.Application:
-        # aiohttp's own 1 MiB default is far too small for tensors; the body
-        # limit is applied deliberately, one byte over so our check answers.
-        first: list[Callable[..., Awaitable[Any]]] = [observing_middleware(self), self._close_when_draining]
-        if self.listener.auth is not None:  # tokens are read here, when the listener starts
-            self._authenticator = Authenticator(self.listener.auth)
-            first.append(auth_middleware(self._authenticator, self.probe_paths, self.render_error))
-        first.append(self.guard.middleware())
-        return web.Application(client_max_size=self.max_body + 1, middlewares=[*first, *middlewares])
-
-    @web.middleware
-    async def _close_when_draining(self, request: web.Request, handler: Any) -> web.StreamResponse:
-        """While draining, answer with ``Connection: close`` so clients move
-        their keep-alive connections elsewhere before the listener closes."""
-        response: web.StreamResponse = await handler(request)
-        if self.dataplane.draining:
-            response.force_close()
-        return response
-
-    async def start(self) -> None:
-        # auto_decompress off: read_body inflates under the size limit itself.
-        # The access-log hook records metrics and the access log (issue 7).
-        # keepalive_timeout runs from a connection's start and from each
-        # answer until the next request head is complete: it also bounds
-        # clients that send a head slowly (Slowloris).
-        # handler_cancellation: a client that hangs up cancels its handler, and with
-        # it the upstream call (docs/routing-and-resilience.md, "Client disconnects").
-        limits = self.services.config.limits
-        self._runner = web.AppRunner(self.build_app(), handle_signals=False, auto_decompress=False,
-                                     handler_cancellation=True, access_log=log,
-                                     access_log_class=access_logger_class(self.services, self.status_kinds),
-                                     keepalive_timeout=limits.idle_timeout,
-                                     # After an early answer (413, 408), an unread body is read and
-                                     # dropped this long so the client sees the answer, then closed.
-                                     lingering_time=min(_LINGERING_TIME, limits.body_timeout),
-                                     max_line_size=limits.max_header_line_bytes,
-                                     max_field_size=limits.max_header_line_bytes, max_headers=limits.max_headers)
-        await self._runner.setup()
-        # Counted connections, our own accept loop, protocol-form answers to
-        # malformed HTTP: aiohttp builds its Server inside setup(), so its
-        # class is narrowed here.
-        factory = self._runner.server
-        assert factory is not None
-        factory.__class__ = _GuardedServer
-        assert isinstance(factory, _GuardedServer)
-        routes = FastRoutes(self.fast_routes()) if self.listener.fast_path else FastRoutes(())
-        self._fast = FastListener(
-            self.listener.name, self.listener.protocol, self.services, routes, self.guard, self.error_reply,
-            handoff=factory._handler, authenticator=lambda: self._authenticator,
-            draining=lambda: self.dataplane.draining, max_body=self.max_body,
-            decompress=decompress, status_kinds=self.status_kinds) if routes else None
-        factory.install(self.guard, self._fast)
-        address = self.listener.address
-        # SO_REUSEPORT only under `gateway serve --workers N` (services.reuse_port).
-        self._tls = ServerTls(self.listener.tls) if self.listener.tls is not None else None
-        site = _GuardedSite(self._runner, address.host, address.port, reuse_port=self.services.reuse_port,
-                            ssl_context=self._tls.ssl_context if self._tls is not None else None)
-        await site.start()
-        server = site._server  # aiohttp exposes bound sockets only here
-        sockets = getattr(server, "sockets", None) or []
-        for sock in sockets:
-            if sock.family in (socket.AF_INET, socket.AF_INET6):
-                self._port = sock.getsockname()[1]
-                break
-        log.info("listener %s (%s) on %s:%d%s", self.listener.name, self.listener.protocol, address.host,
-                 self._port, " (TLS)" if self._tls is not None else "")
-
-    def reload_security(self, listener: ListenerConfig) -> None:
-        if self._tls is not None and listener.tls is not None:
-            self._tls.reload(listener.tls)
-        if self._authenticator is not None and listener.auth is not None:
-            self._authenticator.reload(listener.auth)
-
-    async def stop(self, grace: float) -> None:
-        if self._runner is not None:
-            # aiohttp waits this long for in-flight handlers after closing the
-            # socket; it only takes it from the runner (set when built).
-            self._runner._shutdown_timeout = grace
-            closing = [self._runner.shutdown()]
-            if self._fast is not None:  # its connections (aiohttp closes those handed over)
-                closing.append(self._fast.shutdown(grace))
-            await asyncio.gather(*closing)
-            await self._runner.cleanup()
-            self._runner = None
-
-
-class AiohttpRequest(HttpRequest):
-    """An aiohttp request as the handlers written for both servers see it."""
-
-    __slots__ = ("_frontend", "_request")
-
-    def __init__(self, frontend: HttpFrontend, request: web.Request) -> None:
-        self._frontend, self._request = frontend, request
-        self.method, self.path, self.params = request.method, request.path, request.match_info
-        self.ctx = request_context(request, frontend.listener.name, frontend.listener.protocol)
-        self.headers = self.ctx.headers
-
-    def reservation(self) -> Reservation:
-        return self._frontend.reservation(self._request)
-
-    async def read(self) -> bytes | bytearray:
-        return await self._frontend.read_buffer(self._request)
-
 
 # Binary answers from this size on are written part by part (tensors straight
 # from their arrays) instead of joined into one more copy first.
@@ -936,4 +589,3 @@ async def aiohttp_reply(request: web.Request, reply: HttpReply) -> web.StreamRes
     return web.Response(status=reply.status, body=body, headers=headers)
 
 
-__all__ = ["AiohttpRequest", "HttpFrontend", "HttpReply", "HttpRequest", "aiohttp_reply", "compress"]
