@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -194,6 +194,24 @@ class RawPayload:
 
 
 @dataclass(slots=True)
+class Handover:
+    """A frontend's leave to let go of a request's tensor data once an
+    upstream client's own message holds it, so that a big request is not
+    held twice while the upstream works (docs/performance.md, "Big
+    tensors"). The data plane's copies of the request share this object, so
+    what one try did is known to the next."""
+
+    # The frontend's side: drops its body buffer, the client's bytes and
+    # the decoded inputs (the list every copy of the request shares).
+    drop: Callable[[], None]
+    dropped: bool = False
+    # The upstream client's message, kept for a retry to the same upstream
+    # (so the same protocol) after the inputs were dropped; None when no
+    # retry can use it.
+    message: RawPayload | None = None
+
+
+@dataclass(slots=True)
 class InferRequest:
     model_name: str
     model_version: str = ""
@@ -202,6 +220,8 @@ class InferRequest:
     outputs: list[RequestedOutput] = field(default_factory=list)
     parameters: dict[str, Any] = field(default_factory=dict)
     raw: RawPayload | None = None  # the client's own bytes, for same-protocol hops
+    # Set by a frontend that reads no input once the upstream call began.
+    handover: Handover | None = None
 
 
 @dataclass(slots=True)

@@ -182,8 +182,8 @@ class FastRequest(HttpRequest):
     """A request read by :class:`FastConnection`; its body arrives into
     the connection, and into one buffer once the handler claims it."""
 
-    __slots__ = ("_buffer", "_complete", "_connection", "_pending", "_pending_size", "_reservation", "_view",
-                 "continued", "expect", "expected", "filled", "route")
+    __slots__ = ("_buffer", "_complete", "_connection", "_handed_over", "_pending", "_pending_size", "_reservation",
+                 "_view", "continued", "expect", "expected", "filled", "route")
 
     def __init__(self, connection: FastConnection, method: str, path: str, params: dict[str, str],
                  headers: dict[str, str], ctx: RequestContext, expected: int, expect: str | None,
@@ -199,6 +199,7 @@ class FastRequest(HttpRequest):
         self._pending_size = 0
         self._buffer: bytearray | None = None
         self._view: memoryview | None = None
+        self._handed_over = False  # read() gave the body to the handler
         self._complete: asyncio.Future[None] | None = None
         self._reservation: Reservation | None = None
 
@@ -248,6 +249,8 @@ class FastRequest(HttpRequest):
         encoding = self.headers.get("content-encoding", "identity").strip().lower()
         if encoding not in ("identity", "", "gzip", "deflate"):
             raise unsupported(f"unsupported Content-Encoding '{encoding[:40]}'; use gzip or deflate")
+        if self._handed_over:
+            raise RuntimeError("the request body was read already")
         if self._buffer is None:
             self.reservation().grow(self.expected)
             self._buffer = bytearray(self.expected)
@@ -272,6 +275,10 @@ class FastRequest(HttpRequest):
                 raise HttpStatusError(ErrorKind.MALFORMED_REQUEST, f"the request body did not arrive within "
                                       f"{timeout:g}s (limits.body_timeout)", 408) from None
         body: bytes | bytearray = self._buffer
+        # The handler owns the body from here: a big one is freed as soon as
+        # the handler lets go of it, not when the answer has been written.
+        self._buffer = self._view = None
+        self._handed_over = True
         if encoding in ("gzip", "deflate"):
             body = await listener.services.offload.run(len(body) << 10, listener.decompress, body, encoding, limit)
             self.reservation().grow(len(body))

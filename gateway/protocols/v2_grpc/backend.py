@@ -3,19 +3,26 @@
 Every call carries the request's remaining time as its gRPC deadline, so
 the upstream can give up when the client would no longer wait. Replies are
 parsed here (not by grpc) so an unparseable one is reported clearly.
+
+A big request is held once while the upstream works (docs/performance.md,
+"Big tensors"): its message is built in one allocation, the client's body
+is dropped as soon as the message exists (when the frontend allows it, see
+``Handover``), and the message itself once grpc has written it, unless the
+route may retry a try that reached the upstream.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from google.protobuf.message import DecodeError
 
 from gateway.confignode import Node
-from gateway.errors import ErrorKind, GatewayError, malformed
+from gateway.errors import CONNECT_FAILURE, ErrorKind, GatewayError, malformed
 from gateway.observe import PASSTHROUGH_REQUEST_ONLY, PASSTHROUGH_TRANSLATED
 from gateway.protocols.base import UpstreamClient
 from gateway.protocols.upstream import parse_response_limit, reading_reply, response_limit
@@ -28,12 +35,22 @@ from gateway.types import (
     InferRequest,
     InferResponse,
     ModelMetadata,
+    RawPayload,
     RequestContext,
 )
+
+if TYPE_CHECKING:
+    from gateway.config import RouteConfig
 
 log = logging.getLogger(__name__)
 # Reconnect soon after an upstream comes back (grpc's default backoff grows to 120 s).
 _MAX_RECONNECT_BACKOFF_MS = 5000
+# ModelInfer messages from this size on go as a client-streaming call of one
+# message (on the wire the same frames as a unary call): grpc lets go of the
+# message, and of its own copy, once they are written, where a unary call
+# holds both until the answer has arrived. Smaller ones take the unary
+# call's single batch. Only such messages take the client's body over.
+STREAMED_MIN_BYTES = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,19 +86,24 @@ class V2GrpcClient(UpstreamClient):
         self._calls = {name: self._channel.unary_unary(pb.method_path(name),
                                                        request_serializer=pb.method_serializer(name, request_class))
                        for name, (request_class, _) in pb.METHODS.items()}
+        self._streamed_infer = self._channel.stream_unary(pb.method_path("ModelInfer"))  # bytes as they are
 
     async def close(self) -> None:
         if self._channel is not None:
             await self._channel.close()
             self._channel = None
 
-    async def _call(self, name: str, request: Any, ctx: RequestContext, parse: bool = True) -> Any:
+    def _time_left(self, ctx: RequestContext) -> float | None:
         timeout = ctx.remaining()
         if timeout is not None and timeout <= 0:
             raise GatewayError(ErrorKind.UPSTREAM_TIMEOUT, f"no time left to call upstream {self.label}")
-        call = self._calls.get(name)
-        if call is None:
+        if self._channel is None:
             raise GatewayError(ErrorKind.INTERNAL, f"upstream {self.label} is not started")
+        return timeout
+
+    async def _call(self, name: str, request: Any, ctx: RequestContext, parse: bool = True) -> Any:
+        timeout = self._time_left(ctx)
+        call = self._calls[name]
         metadata = codec.metadata(self.request_headers(ctx))
         try:
             data = await call(request, timeout=timeout, metadata=metadata)
@@ -106,18 +128,64 @@ class V2GrpcClient(UpstreamClient):
         passed = payload is not None and self.upstream.passthrough
         if payload is not None:  # a V2 gRPC client's request; the frontend settles the answer's side
             ctx.record.passthrough = PASSTHROUGH_REQUEST_ONLY if passed else PASSTHROUGH_TRANSLATED
-        if payload is not None and passed:
-            body = passthrough.upstream_bytes(payload, request)
-            log.debug("request %s: ModelInfer bytes forwarded unchanged to %s", ctx.request_id, self.endpoint_label)
-        else:
-            body = codec.encode_infer_request(request)
-        reply = await self._call("ModelInfer", body, ctx, parse=False)
+        reply = await self._model_infer(request, ctx, payload if passed else None)
         with reading_reply(self.label):
             response, raw_outputs = codec.decode_infer_response_form(
                 reply, self.services.config.limits.max_tensor_elements)
         if passed:  # the client may get these bytes back (the frontend decides)
             response.raw = passthrough.response_payload(reply, response, raw_outputs)
         return response
+
+    async def _model_infer(self, request: InferRequest, ctx: RequestContext,
+                           payload: passthrough.GrpcPayload | None) -> bytes:
+        """ModelInfer's reply for ``request`` (``payload``: the client's own
+        message, to forward). The message lives in this frame only, so that
+        it is let go once written (see ``STREAMED_MIN_BYTES``)."""
+        if payload is not None:
+            message = passthrough.upstream_bytes(payload, request)
+            log.debug("request %s: ModelInfer bytes forwarded unchanged to %s", ctx.request_id, self.endpoint_label)
+        else:
+            message = await self._message(request, ctx)
+        if len(message) < STREAMED_MIN_BYTES:
+            return await self._call("ModelInfer", message, ctx, parse=False)
+        timeout = self._time_left(ctx)
+        call = self._streamed_infer(timeout=timeout, metadata=codec.metadata(self.request_headers(ctx)))
+        try:
+            await call.write(message)
+            del message  # grpc holds neither it nor its copy now: the data is on its way
+            _written(request, ctx)
+            await call.done_writing()
+            reply: bytes = await call
+        except grpc.aio.AioRpcError as exc:
+            raise codec.decode_error(exc.code(), exc.details(), self.label) from None
+        except asyncio.InvalidStateError:  # the call ended before the message went: its status says why
+            raise codec.decode_error(await call.code(), await call.details(), self.label) from None
+        except BaseException:
+            call.cancel()
+            raise
+        return reply
+
+    async def _message(self, request: InferRequest, ctx: RequestContext) -> bytes:
+        """The serialized request, built in the offload pool when big. A big
+        one takes the client's data over when the frontend allows it and no
+        mirror reads the inputs; a retry then sends the first try's message."""
+        handover = request.handover
+        if handover is not None and handover.dropped:
+            kept = handover.message
+            if kept is None or kept.protocol != passthrough.PROTOCOL:
+                raise GatewayError(ErrorKind.UPSTREAM_UNAVAILABLE,
+                                   f"upstream {self.label} failed after the request reached it; its tensors were "
+                                   "let go once sent, so it is not sent again")
+            return bytes(kept.body)  # the same bytes object
+        size = sum(tensor.data.nbytes for tensor in request.inputs)
+        message = await self.services.offload.run(size, codec.encode_infer_request, request)
+        if handover is not None and len(message) >= STREAMED_MIN_BYTES and _unmirrored(ctx):
+            # The body's budget charge (held until the request ends) covers the message from here.
+            handover.message = RawPayload(passthrough.PROTOCOL, message, passthrough.CONTENT_TYPE)
+            handover.drop()
+            handover.dropped = True
+            request.raw = None  # this copy's reference to the client's bytes
+        return message
 
     async def model_metadata(self, model: str, version: str, ctx: RequestContext) -> ModelMetadata:
         reply = await self._call("ModelMetadata", pb.ModelMetadataRequest(name=model, version=version), ctx)
@@ -148,3 +216,30 @@ class V2GrpcClient(UpstreamClient):
         reply = await self._call("ModelConfig", pb.ModelConfigRequest(name=inner.model_name,
                                                                         version=inner.model_version), ctx)
         return extensions.config_to_json(reply.config)
+
+
+def _route(ctx: RequestContext) -> RouteConfig | None:
+    """The configuration of the route the data plane chose (None when a
+    caller went around the data plane)."""
+    resolved = ctx.resolved
+    return resolved[3].config if resolved is not None else None
+
+
+def _unmirrored(ctx: RequestContext) -> bool:
+    """Whether this call is the only reader of the request's inputs: mirrors
+    read them in tasks of their own, whenever they get to run."""
+    route = _route(ctx)
+    return route is not None and not route.mirror
+
+
+def _written(request: InferRequest, ctx: RequestContext) -> None:
+    """The message is written: the upstream has it. Keep it for a retry only
+    when the route retries more than connect failures (a try whose message
+    went out had connected); else it is freed now."""
+    handover = request.handover
+    if handover is None or handover.message is None:
+        return
+    route = _route(ctx)
+    policy = route.retry if route is not None else None
+    if policy is not None and (policy.attempts < 2 or all(reason == CONNECT_FAILURE for reason in policy.retry_on)):
+        handover.message = None

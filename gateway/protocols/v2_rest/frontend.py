@@ -25,7 +25,7 @@ from gateway.observe import PASSTHROUGH_RENAMED, REQUEST_ID_HEADER
 from gateway.protocols.upstream import reading_reply
 from gateway.protocols.v2_rest import codec, errors, extensions
 from gateway.routing import Route
-from gateway.types import InferRequest, InferResponse, RequestContext
+from gateway.types import Handover, InferRequest, InferResponse, RequestContext
 
 PROTOCOL = codec.PROTOCOL
 _HEADER_LENGTH = codec.HEADER_LENGTH.lower()
@@ -157,12 +157,21 @@ class V2RestFrontend(HttpFrontend):
             limits.max_tensor_elements, limits, keep_raw=_passthrough(route), depth_checked=True,
             charge=reservation.grow)
         ctx.record.decode_seconds = time.perf_counter() - started
-        response = await self.extensions.infer(infer_request, ctx)
-        # The inputs (views of the body) are done with: let them go before the
-        # answer is built, so a big request and its answer do not overlap.
+        # From here the inputs (views of the body) and the client's bytes hold
+        # the body: an upstream client may drop them once its own message
+        # holds the tensors, so a big request is not held twice while the
+        # upstream works. Nothing below reads the inputs.
+        del body
+        infer_request.handover = Handover(lambda: _let_go(infer_request))
+        try:
+            response = await self.extensions.infer(infer_request, ctx)
+        finally:
+            infer_request.handover = None  # it refers back to the request
+        # Let them go (if still held) before the answer is built, so a big
+        # request and its answer do not overlap. Not in place: a mirror may
+        # still be reading the inputs.
         infer_request.inputs = []
         infer_request.raw = None
-        del body
         size = _answer_size(response, infer_request, route)
         reservation.grow(size)  # what encoding builds, charged before it is built
         started = time.perf_counter()
@@ -172,6 +181,14 @@ class V2RestFrontend(HttpFrontend):
         reply = HttpReply(200, parts, headers.pop("Content-Type", None), headers)
         # Many HTTP clients (requests, curl --compressed) accept gzip by default.
         return await compress(reply, accepted_coding(request.headers.get("accept-encoding", "")), offload)
+
+
+def _let_go(request: InferRequest) -> None:
+    """Drop what holds the client's body: its bytes and the decoded inputs
+    (cleared in place: the data plane's copies of the request share them;
+    an upstream client calls this only when no mirror reads them)."""
+    request.inputs.clear()
+    request.raw = None
 
 
 def _passthrough(route: Route) -> bool:
