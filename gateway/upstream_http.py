@@ -38,6 +38,7 @@ Policies (docs/routing-and-resilience.md, "The upstream HTTP transport"):
 from __future__ import annotations
 
 import asyncio
+import errno
 import select
 import ssl
 from collections import deque
@@ -235,9 +236,15 @@ class UpstreamHttp:
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(self.connect_timeout):
-                _, conn = await loop.create_connection(
+                transport, conn = await loop.create_connection(
                     lambda: _Connection(self), self.endpoint.host, self.endpoint.port, ssl=self._ssl,
                     server_hostname=self._server_hostname if self._ssl is not None else None)
+            if transport.get_extra_info("sockname") == transport.get_extra_info("peername"):
+                # Nothing listens on a local port and the kernel picked that very port as
+                # ours (TCP simultaneous open): the "upstream" would answer our own bytes,
+                # and we would hold the port its server is about to bind.
+                transport.abort()
+                raise ConnectionRefusedError(errno.ECONNREFUSED, "connected to itself: nothing listens there")
         except BaseException as exc:
             self._open -= 1
             self._wake_one()

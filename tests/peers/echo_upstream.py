@@ -19,6 +19,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -157,8 +158,17 @@ class EchoServer:
         self.port = int(self._port_file.read_text())
         return self
 
-    def start(self, timeout: float = 20.0) -> EchoServer:
-        return self.launch().wait_ready(timeout)
+    def start(self, timeout: float = 20.0, tries: int = 3) -> EchoServer:
+        """Launch and wait; a fixed port may be briefly held by someone's
+        connection attempt (a client connected to itself): try again."""
+        for attempt in range(tries):
+            try:
+                return self.launch().wait_ready(timeout)
+            except RuntimeError:
+                if attempt == tries - 1 or not self.port:
+                    raise
+                time.sleep(0.2)
+        raise AssertionError("unreachable")
 
     @staticmethod
     def start_all(servers: list[EchoServer]) -> None:
