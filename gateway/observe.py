@@ -75,6 +75,16 @@ def accept_tracestate(value: str | None, traceparent: str) -> str:
     return value
 
 
+def echo_ids(headers: Any, ctx: Any) -> None:
+    """Put the request's id and (validated) trace context on its answer's
+    ``headers`` (any mapping), as every HTTP answer carries them."""
+    headers[REQUEST_ID_HEADER] = ctx.request_id
+    if ctx.traceparent:
+        headers[TRACEPARENT_HEADER] = ctx.traceparent
+        if ctx.tracestate:
+            headers[TRACESTATE_HEADER] = ctx.tracestate
+
+
 def trace_id(traceparent: str) -> str:
     return traceparent[3:35] if traceparent else ""
 

@@ -49,6 +49,7 @@ from gateway.observe import (
     accept_request_id,
     accept_traceparent,
     accept_tracestate,
+    echo_ids,
     finish_request,
 )
 from gateway.offload import Offloader
@@ -177,14 +178,6 @@ def note_error(request: web.Request, error: GatewayError) -> None:
         ctx.record.fail(error.kind.value, error.message)
 
 
-def _echo_ids(headers: Any, ctx: RequestContext) -> None:
-    headers[REQUEST_ID_HEADER] = ctx.request_id
-    if ctx.traceparent:
-        headers[TRACEPARENT_HEADER] = ctx.traceparent
-        if ctx.tracestate:
-            headers[TRACESTATE_HEADER] = ctx.tracestate
-
-
 def _operation(request: web.Request) -> str:
     """The handler's name: a small fixed set per frontend, fit for a label."""
     match_info = request.match_info
@@ -220,7 +213,7 @@ def observing_middleware(frontend: Frontend) -> Callable[..., Awaitable[web.Stre
         try:
             response = await handler(request)
         except web.HTTPException as exc:
-            _echo_ids(exc.headers, ctx)
+            echo_ids(exc.headers, ctx)
             raise
         except asyncio.CancelledError:
             _finish_cancelled(services, ctx, request)
@@ -230,7 +223,7 @@ def observing_middleware(frontend: Frontend) -> Callable[..., Awaitable[web.Stre
             held = request.get(RESERVATION)  # what it held of the memory budget
             if held is not None:
                 held.release()
-        _echo_ids(response.headers, ctx)
+        echo_ids(response.headers, ctx)
         return response
 
     return observe

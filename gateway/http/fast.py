@@ -44,6 +44,7 @@ from gateway.observe import (
     accept_request_id,
     accept_traceparent,
     accept_tracestate,
+    echo_ids,
     finish_request,
 )
 from gateway.types import RequestContext
@@ -526,7 +527,7 @@ class FastConnection(asyncio.Protocol):
         finally:
             listener.in_flight.dec()
             request.release()
-        _echo_ids(reply.headers, ctx)
+        echo_ids(reply.headers, ctx)
         if listener.draining() or self.abandoned:
             self._closing = True
         if request.missing and (request.expect is not None and not request.continued):
@@ -728,14 +729,6 @@ class FastConnection(asyncio.Protocol):
         self._cancel_timer()
         if self.transport is not None:
             self.transport.close()
-
-
-def _echo_ids(headers: dict[str, str], ctx: RequestContext) -> None:
-    headers[REQUEST_ID_HEADER] = ctx.request_id
-    if ctx.traceparent:
-        headers[TRACEPARENT_HEADER] = ctx.traceparent
-        if ctx.tracestate:
-            headers[TRACESTATE_HEADER] = ctx.tracestate
 
 
 def route(method: str, path: str, handler: Handler, operation: str | None = None) -> FastRoute:

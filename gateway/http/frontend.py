@@ -15,7 +15,6 @@ from aiohttp import web
 
 from gateway.auth import Authenticator
 from gateway.budget import Reservation
-from gateway.config import ListenerConfig
 from gateway.errors import ErrorKind, GatewayError
 from gateway.http.aiohttp_app import (
     _LINGERING_TIME,
@@ -209,12 +208,6 @@ class HttpFrontend(Frontend):
                 break
         log.info("listener %s (%s) on %s:%d%s", self.listener.name, self.listener.protocol, address.host,
                  self._port, " (TLS)" if self._tls is not None else "")
-
-    def reload_security(self, listener: ListenerConfig) -> None:
-        if self._tls is not None and listener.tls is not None:
-            self._tls.reload(listener.tls)
-        if self._authenticator is not None and listener.auth is not None:
-            self._authenticator.reload(listener.auth)
 
     async def stop(self, grace: float) -> None:
         if self._runner is not None:

@@ -97,10 +97,19 @@ class Frontend(abc.ABC):
     async def stop(self, grace: float) -> None:
         """Stop accepting, let in-flight requests finish within ``grace`` s."""
 
-    def reload_security(self, listener: ListenerConfig) -> None:  # noqa: B027 - optional hook
+    # The listener's TLS material (a gateway.tls.ServerTls) and token
+    # checker (gateway.auth.Authenticator), when it has them: set at start.
+    _tls: Any = None
+    _authenticator: Any = None
+
+    def reload_security(self, listener: ListenerConfig) -> None:
         """Re-read this listener's certificate and token files (for a
         reload that keeps the listener running); raises OSError/ssl.SSLError
         and keeps the old material when they cannot be read."""
+        if self._tls is not None and listener.tls is not None:
+            self._tls.reload(listener.tls)
+        if self._authenticator is not None and listener.auth is not None:
+            self._authenticator.reload(listener.auth)
 
 
 class UpstreamClient(abc.ABC):

@@ -12,10 +12,11 @@ process on 127.0.0.1, port 0.
 from __future__ import annotations
 
 import json
-import threading
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
+
+from peers.threaded_http import ThreadedStandin
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 
@@ -34,30 +35,14 @@ class Answer:
     header_length: int | None = None  # binary answers: the JSON head's length
 
 
-class RecordingUpstream(ThreadingHTTPServer):
-    daemon_threads = True
-
+class RecordingUpstream(ThreadedStandin):
     def __init__(self, binary: bool) -> None:
-        super().__init__(("127.0.0.1", 0), _Handler)
+        super().__init__(_Handler)
         self.binary = binary
         self.answers: dict[str, Answer] = {}  # by model name in the path
         self.metadata: dict[str, bytes] = {}  # model metadata bodies (GET /v2/models/NAME), by model name
         self.failures: dict[str, int] = {}  # model -> how many more infers answer 503
         self.seen: list[Seen] = []
-        self.lock = threading.Lock()
-        self._thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.server_address[1]}"
-
-    def start(self) -> RecordingUpstream:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self.shutdown()
-        self.server_close()
 
     def seen_for(self, model: str) -> list[Seen]:
         with self.lock:

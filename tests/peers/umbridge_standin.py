@@ -11,10 +11,11 @@ in a thread of the test process on 127.0.0.1, port 0.
 from __future__ import annotations
 
 import json
-import threading
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
+
+from peers.threaded_http import ThreadedStandin
 
 
 @dataclass(frozen=True)
@@ -32,27 +33,11 @@ class StandinModel:
     answers: list[bytes] = field(default_factory=list)  # if set, one per call, in order (then `answer`)
 
 
-class UmbridgeStandin(ThreadingHTTPServer):
-    daemon_threads = True
-
+class UmbridgeStandin(ThreadedStandin):
     def __init__(self) -> None:
-        super().__init__(("127.0.0.1", 0), _Handler)
+        super().__init__(_Handler)
         self.models: dict[str, StandinModel] = {}
         self.seen: list[Seen] = []
-        self.lock = threading.Lock()
-        self._thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.server_address[1]}"
-
-    def start(self) -> UmbridgeStandin:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self.shutdown()
-        self.server_close()
 
     def evaluations(self) -> list[bytes]:
         with self.lock:

@@ -24,7 +24,6 @@ from grpc_reflection.v1alpha import reflection
 
 from gateway.auth import Authenticator
 from gateway.budget import Reservation
-from gateway.config import ListenerConfig
 from gateway.confignode import Node
 from gateway.errors import ErrorKind, GatewayError, malformed, unsupported
 from gateway.extensions import MODEL_CONFIGURATION, MODEL_REPOSITORY, STATISTICS
@@ -216,12 +215,6 @@ class V2GrpcFrontend(Frontend):
             await self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
         log.info("listener %s (%s) on %s:%d%s", self.listener.name, PROTOCOL, address.host, self._port,
                  " (TLS)" if self._tls is not None else "")
-
-    def reload_security(self, listener: ListenerConfig) -> None:
-        if self._tls is not None and listener.tls is not None:
-            self._tls.reload(listener.tls)
-        if self._authenticator is not None and listener.auth is not None:
-            self._authenticator.reload(listener.auth)
 
     async def stop(self, grace: float) -> None:
         if self._server is None:
