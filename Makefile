@@ -1,23 +1,34 @@
-# Two entry points, each working on a fresh machine with only python3:
-#   make run   set up .venv and serve the embedded default config
-#   make test  set up .venv (with test extras) and run every test
+# Two entry points, each working on a fresh machine with only python3 (>= 3.11):
+#   make run   set up .venv with the runtime only and serve the embedded default
+#              config (CONFIG=path/to/gateway.yaml make run serves another)
+#   make test  add the test extras to .venv and run every test
 #   make bench the side-by-side benchmark suite (bench/results/latest.md)
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
+CONFIG ?=
 
-.PHONY: run test setup check clean protos bench
+.PHONY: run test setup runtime check clean protos bench
 
-$(BIN)/gateway: pyproject.toml
+# The runtime alone (what `make run` needs); test tooling (tritonclient,
+# MLServer-side packages, fuzzers) only for `make test`.
+$(VENV)/.runtime: pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
+		|| { echo "the gateway needs Python >= 3.11 (PYTHON=$(PYTHON) is older)"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e .
+	touch $@
+
+$(VENV)/.test: $(VENV)/.runtime
 	$(BIN)/pip install --quiet -e '.[test]'
-	touch $(BIN)/gateway
+	touch $@
 
-setup: $(BIN)/gateway
+runtime: $(VENV)/.runtime
+setup: $(VENV)/.test
 
-run: setup
-	$(BIN)/gateway serve
+run: runtime
+	$(BIN)/gateway serve $(if $(CONFIG),--config $(CONFIG))
 
 test: setup
 	sh scripts/ensure-prometheus.sh
@@ -35,8 +46,8 @@ bench: setup
 	$(BIN)/pip install --quiet -e '.[test,bench]'
 	$(BIN)/python bench/run.py $(BENCH_ARGS)
 
-check: setup
-	$(BIN)/gateway check --config config/gateway.yaml
+check: runtime
+	$(BIN)/gateway check --config $(or $(CONFIG),config/gateway.yaml)
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info
