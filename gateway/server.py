@@ -232,13 +232,16 @@ class Gateway:
             self._watcher = asyncio.create_task(self._watch(Path(self.config_path)), name="config watcher")
 
     async def _watch(self, path: Path) -> None:
-        """Reload when the file changes (size or modification time)."""
-        def signature() -> tuple[int, int] | None:
+        """Reload when the file changes: its size, modification time, or the
+        file itself. A Kubernetes ConfigMap volume swaps a symlink to a new
+        directory of files (`..data`), so the path then names another inode,
+        whatever its size and time say."""
+        def signature() -> tuple[int, int, int, int] | None:
             try:
-                stat = os.stat(path)
+                stat = os.stat(path)  # through the symlinks: the file they name now
             except OSError:
                 return None
-            return stat.st_mtime_ns, stat.st_size
+            return stat.st_mtime_ns, stat.st_size, stat.st_ino, stat.st_dev
 
         seen = signature()
         try:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -189,3 +191,40 @@ async def test_drain_timeout_bounds_in_flight_requests(tmp_path: Path) -> None:
     assert code == 0 and stopped_after < 3
     assert finished.ok  # finished within the drain timeout
     assert cut.status == 0 and cut.elapsed < 4  # cut off at the drain timeout, not left hanging
+
+
+def test_a_configmap_symlink_swap_is_picked_up(tmp_path: Path) -> None:
+    """A Kubernetes ConfigMap volume: `gateway.yaml` -> `..data/gateway.yaml`,
+    `..data` -> a timestamped directory; an update writes a new directory and
+    swaps `..data`. The new file has the same size and time here, so only
+    the swap itself tells: the watcher must follow it."""
+    def version(route_name: str) -> str:
+        return f"""
+admin: {{address: "127.0.0.1:0"}}
+reload: {{watch_interval: 100ms}}
+listeners: [{{name: rest, protocol: v2-rest, address: "127.0.0.1:0"}}]
+upstreams: [{{name: local, protocol: builtin}}]
+routes: [{{name: {route_name}, match: {{model: "*"}}, upstream: local}}]
+"""
+    volume = tmp_path / "volume"
+    volume.mkdir()
+    first, second = volume / "..2026_01_01", volume / "..2026_01_02"
+    first.mkdir()
+    second.mkdir()
+    (first / "gateway.yaml").write_text(version("first-one"))
+    (second / "gateway.yaml").write_text(version("second-on"))  # the same size
+    stamp = (first / "gateway.yaml").stat().st_mtime_ns
+    os.utime(second / "gateway.yaml", ns=(stamp, stamp))  # and the same time
+    (volume / "..data").symlink_to(first.name)
+    (volume / "gateway.yaml").symlink_to("..data/gateway.yaml")
+    gw = GatewayProcess(volume / "gateway.yaml", tmp_path / "gateway.log")
+    gw.port_file = tmp_path / "ports.json"
+    with gw:
+        def routes() -> str:
+            with urllib.request.urlopen(f"http://127.0.0.1:{gw.ports['admin']}/routes", timeout=5) as reply:
+                return reply.read().decode()
+
+        assert "first-one" in routes()
+        (volume / "..data_tmp").symlink_to(second.name)
+        os.replace(volume / "..data_tmp", volume / "..data")  # the atomic swap the kubelet makes
+        wait_for(lambda: "second-on" in routes(), 5, "the swapped config to be loaded")
