@@ -1,4 +1,4 @@
-"""Command line: ``gateway serve | check | routes``."""
+"""Command line: ``gateway serve | check | routes | schema``."""
 
 from __future__ import annotations
 
@@ -46,6 +46,8 @@ def _parser() -> argparse.ArgumentParser:
 
     routes = sub.add_parser("routes", help="print the resolved route table")
     routes.add_argument("--config", help=config_help)
+
+    sub.add_parser("schema", help="print the JSON Schema of the configuration (for editors)")
     return parser
 
 
@@ -121,6 +123,11 @@ def main(argv: list[str] | None = None) -> int:
     # Written to stderr by a thread through a bounded queue: a stuck stderr
     # drops (and counts) records instead of blocking the event loop.
     install_stderr_logging(args.log_level.upper(), LOG_FORMAT)
+    if args.command == "schema":
+        from gateway.schema import build_schema
+
+        print(json.dumps(build_schema(), indent=2))
+        return 0
     config = _load(args.config)
     if config is None:
         return 1
