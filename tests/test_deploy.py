@@ -359,11 +359,53 @@ def test_plain_prometheus_scrape_config(tmp_path: Path) -> None:
             job["static_configs"] = [{"targets": ["127.0.0.1:8002"]}]
     checked = tmp_path / "prometheus.yml"
     checked.write_text(yaml.safe_dump(config))
+    assert config["rule_files"] == ["alerts.yaml"]  # checked by promtool too, next to the config
+    shutil.copy(DEPLOY / "prometheus/alerts.yaml", tmp_path / "alerts.yaml")
     result = promtool("check", "config", str(checked))
     assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()
     kept = jobs["inference-gateway"]["relabel_configs"][0]
     assert kept["source_labels"] == ["__meta_kubernetes_pod_annotation_prometheus_io_scrape"]
     assert kept["action"] == "keep"
+
+
+ALERTS = DEPLOY / "prometheus/alerts.yaml"
+
+
+def test_alert_rules_pass_promtool_check_and_unit_tests() -> None:
+    result = promtool("check", "rules", str(ALERTS))
+    assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()
+    result = promtool("test", "rules", str(DEPLOY / "prometheus/alerts.test.yaml"))
+    assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()
+
+
+def test_alert_unit_tests_catch_a_wrong_threshold(tmp_path: Path) -> None:
+    """The unit tests would notice an alert that no longer fires."""
+    (tmp_path / "alerts.yaml").write_text(ALERTS.read_text().replace("> 0.05", "> 0.5"))
+    shutil.copy(DEPLOY / "prometheus/alerts.test.yaml", tmp_path / "alerts.test.yaml")
+    result = promtool("test", "rules", str(tmp_path / "alerts.test.yaml"))
+    assert result.returncode != 0 and b"GatewayHighErrorRatio" in result.stdout + result.stderr
+
+
+def test_alerts_cover_the_failure_modes_with_exported_metrics() -> None:
+    rules = [rule for group in yaml.safe_load(ALERTS.read_text())["groups"] for rule in group["rules"]]
+    assert len({rule["alert"] for rule in rules}) == len(rules)
+    used = {name for rule in rules for name in re.findall(r"\bgateway_[a-z_]+", rule["expr"])}
+    assert used <= exported_metric_names(), used - exported_metric_names()
+    assert used >= {"gateway_requests_total", "gateway_request_duration_seconds_bucket",
+                    "gateway_outlier_ejections_total", "gateway_circuit_breaker_rejections_total",
+                    "gateway_inflight_budget_refusals_total", "gateway_config_last_reload_successful",
+                    "gateway_event_loop_lag_seconds_bucket"}
+    assert any('outcome="overloaded"' in rule["expr"] for rule in rules)
+    for rule in rules:
+        assert rule["labels"]["severity"] in ("warning", "critical") and rule["annotations"]["summary"]
+
+
+def test_prometheus_rule_carries_the_same_rules() -> None:
+    """The Operator's PrometheusRule and the plain rules file agree."""
+    rule = yaml.safe_load((DEPLOY / "prometheus/prometheusrule.yaml").read_text())
+    assert rule["apiVersion"] == "monitoring.coreos.com/v1" and rule["kind"] == "PrometheusRule"
+    assert rule["metadata"]["name"] and set(rule) == {"apiVersion", "kind", "metadata", "spec"}
+    assert rule["spec"] == yaml.safe_load(ALERTS.read_text())
 
 
 def exported_metric_names() -> set[str]:
