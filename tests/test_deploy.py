@@ -10,6 +10,7 @@ that must agree with the gateway's config (ports, probes, drain budget).
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 import shutil
@@ -68,22 +69,36 @@ def _monitor_schema(kind: str, endpoints_key: str, extra: dict[str, Any]) -> dic
 
 
 CRD_SCHEMAS = {
-    "ServiceMonitor": _monitor_schema("ServiceMonitor", "endpoints", {"targetPort": {}}),
     "PodMonitor": _monitor_schema("PodMonitor", "podMetricsEndpoints", {"portNumber": {"type": "integer"}}),
 }
 
 
-def manifests() -> list[tuple[Path, dict[str, Any]]]:
-    found = []
-    for path in sorted(KUBERNETES.rglob("*.yaml")):
-        for document in yaml.safe_load_all(path.read_text()):
-            if document:
-                found.append((path, document))
-    return found
+OVERLAYS = ("standalone", "sidecar")
+# Files in a kustomization directory that are not resources: the gateway config
+# (fed to configMapGenerator) and kustomize's own configuration.
+NOT_RESOURCES = {"kustomization.yaml", "kustomizeconfig.yaml", "gateway.yaml"}
+
+
+def kustomize(directory: Path) -> list[dict[str, Any]]:
+    """The objects `kubectl kustomize` renders for a kustomization directory."""
+    kubectl = shutil.which("kubectl")
+    assert kubectl, "kubectl (with its built-in kustomize) is needed to render deploy/kubernetes"
+    result = subprocess.run([kubectl, "kustomize", str(directory)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
+_RENDERED: dict[str, list[dict[str, Any]]] = {}
+
+
+def rendered(overlay: str) -> list[dict[str, Any]]:
+    if overlay not in _RENDERED:
+        _RENDERED[overlay] = kustomize(KUBERNETES / "overlays" / overlay)
+    return copy.deepcopy(_RENDERED[overlay])
 
 
 def objects(directory: str, kind: str) -> list[dict[str, Any]]:
-    return [doc for path, doc in manifests() if path.parent.name == directory and doc["kind"] == kind]
+    return [doc for doc in rendered(directory) if doc["kind"] == kind]
 
 
 def pod_spec(directory: str) -> dict[str, Any]:
@@ -108,7 +123,7 @@ def gateway_config(directory: str) -> GatewayConfig:
     (config_map,) = objects(directory, "ConfigMap")
     data = yaml.safe_load(config_map["data"]["gateway.yaml"])
     try:
-        return parse_config(data, f"{directory}/configmap.yaml")
+        return parse_config(data, f"overlays/{directory}/gateway.yaml")
     except ConfigError as exc:
         known = {side: set(registry.names(side)) for side in ("frontend", "backend")}
         for problem in exc.problems:
@@ -125,21 +140,27 @@ def gateway_config(directory: str) -> GatewayConfig:
 # --- Kubernetes ---------------------------------------------------------------
 
 
-def test_every_manifest_is_valid() -> None:
+def test_every_kustomization_lists_its_files() -> None:
+    for path in sorted(KUBERNETES.rglob("kustomization.yaml")):
+        document = yaml.safe_load(path.read_text())
+        files = {p for p in document["resources"] if not p.startswith("..")}
+        assert files == {p.name for p in path.parent.glob("*.yaml")} - NOT_RESOURCES, path
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_rendered_object_is_valid(overlay: str) -> None:
     checked = set()
-    for path, document in manifests():
+    for document in rendered(overlay):
         kind = document["kind"]
-        if kind == "Kustomization":
-            listed = set(document["resources"])
-            assert listed == {p.name for p in path.parent.glob("*.yaml")} - {path.name}, path
-        elif kind in CRD_SCHEMAS:
+        if kind in CRD_SCHEMAS:
             jsonschema.validate(document, CRD_SCHEMAS[kind])
         else:
             for version in KUBERNETES_VERSIONS:
                 kubernetes_validate.validate(document, version, strict=True)
         checked.add(kind)
-    assert checked >= {"ConfigMap", "Deployment", "Service", "HorizontalPodAutoscaler", "PodDisruptionBudget",
-                       "ServiceMonitor", "PodMonitor", "Kustomization"}
+    assert checked >= {"ConfigMap", "Deployment", "Service", "PodDisruptionBudget", "NetworkPolicy", "PodMonitor"}
+    if overlay == "standalone":
+        assert "HorizontalPodAutoscaler" in checked
 
 
 def test_validation_catches_mistakes() -> None:
@@ -148,10 +169,30 @@ def test_validation_catches_mistakes() -> None:
     deployment["spec"]["template"]["spec"]["initContainers"][0]["restartPolicyy"] = "Always"
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(deployment, KUBERNETES_VERSIONS[0], strict=True)
-    monitor = objects("standalone", "ServiceMonitor")[0]
-    monitor["spec"]["endpoints"][0]["intervall"] = "15s"
+    monitor = objects("standalone", "PodMonitor")[0]
+    monitor["spec"]["podMetricsEndpoints"][0]["intervall"] = "15s"
     with pytest.raises(jsonschema.ValidationError):
-        jsonschema.validate(monitor, CRD_SCHEMAS["ServiceMonitor"])
+        jsonschema.validate(monitor, CRD_SCHEMAS["PodMonitor"])
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_a_config_change_rolls_the_pods(overlay: str, tmp_path: Path) -> None:
+    """configMapGenerator names the ConfigMap after a hash of gateway.yaml and
+    the Deployment mounts that name: a changed config is a new pod template."""
+    def mounted(objects: list[dict[str, Any]]) -> str:
+        (config_map,) = [o for o in objects if o["kind"] == "ConfigMap"]
+        (deployment,) = [o for o in objects if o["kind"] == "Deployment"]
+        names = {v["configMap"]["name"] for v in deployment["spec"]["template"]["spec"]["volumes"] if "configMap" in v}
+        assert names == {config_map["metadata"]["name"]}
+        return config_map["metadata"]["name"]  # type: ignore[no-any-return]
+
+    before = mounted(rendered(overlay))
+    copy_of = tmp_path / "kubernetes"
+    shutil.copytree(KUBERNETES, copy_of)
+    config = copy_of / "overlays" / overlay / "gateway.yaml"
+    config.write_text(config.read_text().replace("timeout: 25s", "timeout: 20s"))
+    after = mounted(kustomize(copy_of / "overlays" / overlay))
+    assert before != after and before.rsplit("-", 1)[0] == after.rsplit("-", 1)[0]
 
 
 def test_sidecar_is_a_native_sidecar_fronting_the_model_server() -> None:
@@ -208,23 +249,43 @@ def test_ports_probes_and_drain_budget_agree_with_the_config(directory: str) -> 
     assert "/tmp" in mounts  # writable: the --workers metrics directory lives there
 
 
-def test_monitors_select_the_gateway_ports() -> None:
-    (monitor,) = objects("standalone", "ServiceMonitor")
-    (service,) = objects("standalone", "Service")
-    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
-    service_ports = {p["name"]: p for p in service["spec"]["ports"]}
-    admin = gateway_config("standalone").admin.address
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_admin_port_is_scraped_but_not_exposed(overlay: str) -> None:
+    """Prometheus scrapes each pod's admin port (PodMonitor); no Service
+    exposes it; the NetworkPolicy admits it from the monitoring namespace
+    only and the listener ports from anywhere."""
+    admin = gateway_config(overlay).admin.address
     assert admin is not None
-    for endpoint in monitor["spec"]["endpoints"]:
-        assert service_ports[endpoint["port"]]["port"] == admin.port and endpoint["path"] == "/metrics"
-    (pod_monitor,) = objects("sidecar", "PodMonitor")
-    labels = objects("sidecar", "Deployment")[0]["spec"]["template"]["metadata"]["labels"]
-    assert pod_monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
-    container_ports = {p["name"]: p["containerPort"] for p in gateway_container("sidecar")["ports"]}
-    sidecar_admin = gateway_config("sidecar").admin.address
-    assert sidecar_admin is not None
-    for endpoint in pod_monitor["spec"]["podMetricsEndpoints"]:
-        assert container_ports[endpoint["port"]] == sidecar_admin.port
+    container_ports = {p["name"]: p["containerPort"] for p in gateway_container(overlay)["ports"]}
+    (admin_name,) = [name for name, port in container_ports.items() if port == admin.port]
+    labels = objects(overlay, "Deployment")[0]["spec"]["template"]["metadata"]["labels"]
+    (monitor,) = objects(overlay, "PodMonitor")
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    for endpoint in monitor["spec"]["podMetricsEndpoints"]:
+        assert endpoint["port"] == admin_name and endpoint["path"] == "/metrics"
+    for service in objects(overlay, "Service"):
+        assert service["spec"]["selector"].items() <= labels.items()
+        for port in service["spec"]["ports"]:
+            assert port["targetPort"] in container_ports and port["targetPort"] != admin_name, service
+    (budget,) = objects(overlay, "PodDisruptionBudget")
+    assert budget["spec"]["selector"]["matchLabels"].items() <= labels.items()
+
+    (policy,) = objects(overlay, "NetworkPolicy")
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    monitoring = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
+    from_anywhere, restricted = set(), set()
+    for rule in policy["spec"]["ingress"]:
+        names = {p["port"] for p in rule["ports"]}
+        if "from" in rule:
+            assert rule["from"] == monitoring
+            restricted |= names
+        else:
+            from_anywhere |= names
+    assert restricted == {admin_name} and admin_name not in from_anywhere
+    raw = yaml.safe_load(objects(overlay, "ConfigMap")[0]["data"]["gateway.yaml"])
+    listener_ports = {int(x["address"].rsplit(":", 1)[1]) for x in raw["listeners"]}
+    assert {container_ports[name] for name in from_anywhere if name in container_ports} == listener_ports
 
 
 # --- Dockerfile -----------------------------------------------------------------
@@ -298,11 +359,53 @@ def test_plain_prometheus_scrape_config(tmp_path: Path) -> None:
             job["static_configs"] = [{"targets": ["127.0.0.1:8002"]}]
     checked = tmp_path / "prometheus.yml"
     checked.write_text(yaml.safe_dump(config))
+    assert config["rule_files"] == ["alerts.yaml"]  # checked by promtool too, next to the config
+    shutil.copy(DEPLOY / "prometheus/alerts.yaml", tmp_path / "alerts.yaml")
     result = promtool("check", "config", str(checked))
     assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()
     kept = jobs["inference-gateway"]["relabel_configs"][0]
     assert kept["source_labels"] == ["__meta_kubernetes_pod_annotation_prometheus_io_scrape"]
     assert kept["action"] == "keep"
+
+
+ALERTS = DEPLOY / "prometheus/alerts.yaml"
+
+
+def test_alert_rules_pass_promtool_check_and_unit_tests() -> None:
+    result = promtool("check", "rules", str(ALERTS))
+    assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()
+    result = promtool("test", "rules", str(DEPLOY / "prometheus/alerts.test.yaml"))
+    assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()
+
+
+def test_alert_unit_tests_catch_a_wrong_threshold(tmp_path: Path) -> None:
+    """The unit tests would notice an alert that no longer fires."""
+    (tmp_path / "alerts.yaml").write_text(ALERTS.read_text().replace("> 0.05", "> 0.5"))
+    shutil.copy(DEPLOY / "prometheus/alerts.test.yaml", tmp_path / "alerts.test.yaml")
+    result = promtool("test", "rules", str(tmp_path / "alerts.test.yaml"))
+    assert result.returncode != 0 and b"GatewayHighErrorRatio" in result.stdout + result.stderr
+
+
+def test_alerts_cover_the_failure_modes_with_exported_metrics() -> None:
+    rules = [rule for group in yaml.safe_load(ALERTS.read_text())["groups"] for rule in group["rules"]]
+    assert len({rule["alert"] for rule in rules}) == len(rules)
+    used = {name for rule in rules for name in re.findall(r"\bgateway_[a-z_]+", rule["expr"])}
+    assert used <= exported_metric_names(), used - exported_metric_names()
+    assert used >= {"gateway_requests_total", "gateway_request_duration_seconds_bucket",
+                    "gateway_outlier_ejections_total", "gateway_circuit_breaker_rejections_total",
+                    "gateway_inflight_budget_refusals_total", "gateway_config_last_reload_successful",
+                    "gateway_event_loop_lag_seconds_bucket"}
+    assert any('outcome="overloaded"' in rule["expr"] for rule in rules)
+    for rule in rules:
+        assert rule["labels"]["severity"] in ("warning", "critical") and rule["annotations"]["summary"]
+
+
+def test_prometheus_rule_carries_the_same_rules() -> None:
+    """The Operator's PrometheusRule and the plain rules file agree."""
+    rule = yaml.safe_load((DEPLOY / "prometheus/prometheusrule.yaml").read_text())
+    assert rule["apiVersion"] == "monitoring.coreos.com/v1" and rule["kind"] == "PrometheusRule"
+    assert rule["metadata"]["name"] and set(rule) == {"apiVersion", "kind", "metadata", "spec"}
+    assert rule["spec"] == yaml.safe_load(ALERTS.read_text())
 
 
 def exported_metric_names() -> set[str]:
