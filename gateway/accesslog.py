@@ -41,7 +41,7 @@ def _plain(fields: dict[str, Any]) -> bytes:
     JSON-quoted, so a newline or quote in a model name cannot forge a line."""
     parts, texts = [], []
     for key, value in fields.items():
-        if type(value) is str:
+        if isinstance(value, str):
             if not value:
                 value = "-"
             else:
@@ -51,7 +51,7 @@ def _plain(fields: dict[str, Any]) -> bytes:
         return (" ".join(parts) + "\n").encode()
     parts = []
     for key, value in fields.items():
-        if type(value) is str and not _SAFE_PLAIN.fullmatch(value):
+        if isinstance(value, str) and not _SAFE_PLAIN.fullmatch(value):
             value = orjson.dumps(value).decode() if value else "-"
         parts.append(f"{key}={value}")
     return (" ".join(parts) + "\n").encode()

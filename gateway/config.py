@@ -14,10 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from gateway.auth import CredentialConfig, SecretRef, parse_credential_config, parse_secret_ref
-from gateway.confignode import ConfigError, Node, expand_env
+from gateway.confignode import ConfigError, EnvText, Node, expand_env, is_single_env_ref, type_scalar
+from gateway.configyaml import load_yaml
 from gateway.extensions import GATEWAY_EXTENSIONS
 from gateway.extensions.labels import ClassificationConfig, parse_classification
 from gateway.tls import CLIENT_AUTH_MODES, ListenerTls, UpstreamTls, parse_listener_tls, parse_upstream_tls
@@ -369,14 +368,44 @@ def starvation_warnings(config: GatewayConfig) -> list[str]:
 # --- parsing ---------------------------------------------------------------
 
 
-def _expand_tree(value: Any, path: str, problems: list[str]) -> Any:
+def _expand_tree(value: Any, path: str, problems: list[str], texts: dict[str, tuple[str, str]]) -> Any:
+    """Substitute ``${VAR}`` in every string. A scalar that is exactly one
+    reference becomes an EnvText (typed by the field that reads it), or None
+    when it reads as YAML's null. ``texts`` collects path -> (result, written
+    text) of substituted strings."""
     if isinstance(value, str):
-        return expand_env(value, path, problems) if "$" in value else value
+        if "$" not in value:
+            return value
+        known = len(problems)
+        expanded = str(expand_env(value, path, problems))
+        if not is_single_env_ref(value):
+            texts[path] = (expanded, value)
+            return expanded
+        if len(problems) > known or type_scalar(expanded) is None:
+            return None  # as if absent; when unset, only "is not set" is reported, not also a type error
+        texts[path] = (expanded, value)
+        return EnvText(expanded)
     if isinstance(value, list):
-        return [_expand_tree(v, f"{path}[{i}]", problems) for i, v in enumerate(value)]
+        return [_expand_tree(v, f"{path}[{i}]", problems, texts) for i, v in enumerate(value)]
     if isinstance(value, dict):
-        return {k: _expand_tree(v, f"{path}.{k}" if path else str(k), problems) for k, v in value.items()}
+        return {k: _expand_tree(v, f"{path}.{k}" if path else str(k), problems, texts)
+                for k, v in value.items()}
     return value
+
+
+def _unexpanded(problems: list[str], texts: dict[str, tuple[str, str]]) -> list[str]:
+    """Problems that quote a substituted string show it as written
+    (``'${TOKEN}'``): the environment may hold secrets."""
+    if not texts:
+        return problems
+    shown = []
+    for problem in problems:
+        where = problem.split(": ", 1)[0]
+        for path, (expanded, written) in texts.items():  # the value's own problem, or its mapping's
+            if path == where or path.startswith((where + ".", where + "[")):
+                problem = problem.replace(repr(expanded), repr(written))
+        shown.append(problem)
+    return shown
 
 
 def _string_match(node: Node, *, allow_present: bool = False) -> StringMatch | None:
@@ -845,7 +874,8 @@ def parse_config(data: Any, source: str = "<string>", base_dir: Path | None = No
     (the config file's folder; the current directory when None)."""
     base_dir = base_dir if base_dir is not None else Path.cwd()
     problems: list[str] = []
-    root = Node(_expand_tree(data, "", problems), "", problems)
+    texts: dict[str, tuple[str, str]] = {}
+    root = Node(_expand_tree(data, "", problems, texts), "", problems)
     if not root.is_mapping:
         raise ConfigError(["<root>: the configuration must be a mapping"])
 
@@ -904,7 +934,7 @@ def parse_config(data: Any, source: str = "<string>", base_dir: Path | None = No
 
     root.check_no_unknown_keys()
     if problems:
-        raise ConfigError(problems)
+        raise ConfigError(_unexpanded(problems, texts))
     return GatewayConfig(tuple(listeners), tuple(upstreams), tuple(routes), admin, limits, server, source,
                          drain, readiness, reload, observability, classification)
 
@@ -923,10 +953,4 @@ def load_config(path: str | Path | None = None) -> GatewayConfig:
             raise ConfigError([f"<file>: cannot read {path}: {exc.strerror}"]) from None
         source = str(path)
         base_dir = Path(path).resolve().parent
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "<file>"
-        raise ConfigError([f"{where}: invalid YAML: {getattr(exc, 'problem', exc)}"]) from None
-    return parse_config(data, source, base_dir)
+    return parse_config(load_yaml(text), source, base_dir)

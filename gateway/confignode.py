@@ -13,6 +13,8 @@ import re
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
+import yaml
+
 T = TypeVar("T")
 _MISSING: Any = object()
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}|\$\$")
@@ -45,11 +47,45 @@ def expand_env(text: str, path: str, problems: list[str], env: dict[str, str] | 
     return _ENV_REF.sub(replace, text)
 
 
+def is_single_env_ref(text: str) -> bool:
+    """``text`` is one ``${VAR}`` or ``${VAR:-default}`` and nothing else."""
+    match = _ENV_REF.fullmatch(text)
+    return match is not None and match.group(1) is not None
+
+
+class EnvText(str):
+    """What a scalar that was exactly one ``${VAR}`` became. A string field
+    takes it as it is; a number or boolean field types it as YAML types a
+    plain scalar (``port: ${PORT}`` is an int). Only lives in the tree
+    handed to Node, which unwraps it."""
+
+    __slots__ = ()
+
+
+_TYPED_TAGS = frozenset({"tag:yaml.org,2002:null", "tag:yaml.org,2002:bool",
+                         "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"})
+
+
+def type_scalar(text: str) -> Any:
+    """``text`` typed as YAML types a plain scalar, limited to null, bool,
+    int and float (never a timestamp); the empty string stays a string."""
+    if not text:
+        return text
+    loader = yaml.SafeLoader("")
+    tag = loader.resolve(yaml.ScalarNode, text, (True, False))
+    return loader.construct_object(yaml.ScalarNode(tag, text)) if tag in _TYPED_TAGS else text
+
+
+def _takes_text(kind: type | tuple[type, ...]) -> bool:
+    return kind is str or (isinstance(kind, tuple) and str in kind)
+
+
 class Node:
     """One position in the YAML tree, with its path for error messages."""
 
     def __init__(self, value: Any, path: str, problems: list[str]) -> None:
-        self.value = value
+        self.from_env = type(value) is EnvText
+        self.value: Any = str(value) if self.from_env else value
         self.path = path
         self.problems = problems
         self._used: set[str] = set()
@@ -102,6 +138,10 @@ class Node:
     def get(self, key: str, kind: type[T] | tuple[type, ...], default: Any = _MISSING) -> Any:
         node = self.child(key, default)
         value = node.value
+        if node.from_env and not _takes_text(kind):
+            value = type_scalar(value)
+        elif isinstance(value, EnvText):
+            value = str(value)  # the marker stays in the tree: fields get plain text
         if value is None and default is not _MISSING:
             return default
         if isinstance(value, bool) and kind in (int, float):
