@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gateway import __version__, fdlimit
-from gateway.config import GatewayConfig, load_config, starvation_warnings
+from gateway.config import GatewayConfig, load_config
 from gateway.confignode import ConfigError
 from gateway.logwriter import StderrHandler, install_stderr_logging
 
@@ -43,6 +43,8 @@ def _parser() -> argparse.ArgumentParser:
 
     check = sub.add_parser("check", help="validate a configuration; exit 1 on errors")
     check.add_argument("--config", help=config_help)
+    check.add_argument("--format", choices=["plain", "json"], default="plain",
+                       help="plain lines (default) or one JSON object on stdout, for CI pipelines")
 
     routes = sub.add_parser("routes", help="print the resolved route table")
     routes.add_argument("--config", help=config_help)
@@ -128,19 +130,13 @@ def main(argv: list[str] | None = None) -> int:
 
         print(json.dumps(build_schema(), indent=2))
         return 0
+    if args.command == "check":
+        from gateway.configcheck import run_check
+
+        return run_check(args.config, args.format)
     config = _load(args.config)
     if config is None:
         return 1
-    if args.command == "check":
-        for starving in starvation_warnings(config):
-            print(f"{config.source}: warning: {starving}")
-        print(f"{config.source}: OK ({len(config.listeners)} listeners, {len(config.upstreams)} upstreams, "
-              f"{len(config.routes)} routes)")
-        # Against the hard limit: `gateway serve` raises the soft one to it.
-        too_many = fdlimit.open_file_warning(config, fdlimit.open_file_limit()[1])
-        if too_many is not None:
-            print(f"{config.source}: warning: {too_many}", file=sys.stderr)
-        return 0
     if args.command == "routes":
         from gateway.routing import RouteTable
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.resources
 import importlib.util
+import ipaddress
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -68,6 +69,29 @@ def parse_address(node: Node) -> Address | None:
         node.error(f"must be an address 'host:port' with a port 0-65535; got {text!r}")
         return None
     return Address(match.group("v6") or match.group("host"), port)
+
+
+def _bind_host(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | str:
+    """An IP literal as its address (so spellings compare equal), a name lower-cased."""
+    try:
+        return ipaddress.ip_address(host)
+    except ValueError:
+        return host.lower()
+
+
+def addresses_overlap(a: Address, b: Address) -> bool:
+    """Whether two sockets bound to ``a`` and ``b`` would take the same
+    connections. A wildcard (``0.0.0.0``, ``::``) overlaps every address of
+    its own family on that port; names are not resolved (only the same name
+    overlaps); port 0 never overlaps, as each bind picks its own port."""
+    if a.port != b.port or a.port == 0:
+        return False
+    ha, hb = _bind_host(a.host), _bind_host(b.host)
+    if ha == hb:
+        return True
+    if isinstance(ha, str) or isinstance(hb, str) or ha.version != hb.version:
+        return False
+    return ha.is_unspecified or hb.is_unspecified
 
 
 @dataclass(frozen=True, slots=True)
@@ -512,6 +536,16 @@ def _unique(node: Node, names: list[str | None], what: str) -> None:
         seen.add(name)
 
 
+def _check_overlap(item: Node, name: str | None, address: Address, bound: list[tuple[str, Address]]) -> None:
+    """Two listeners on one address: without SO_REUSEPORT the second bind
+    fails at start; with it (``--workers N``) both bind and the kernel splits
+    connections between them, silently. Either way, a config error."""
+    for owner, other in bound:
+        if addresses_overlap(address, other):
+            item.error(f"listener {name!r} at {address} overlaps {owner} at {other}; "
+                       "two sockets cannot serve one address", "address")
+
+
 def _observability(node: Node) -> ObservabilityConfig:
     log_node = node.child("access_log", {})
     access_log = AccessLogConfig(
@@ -895,7 +929,8 @@ def parse_config(data: Any, source: str = "<string>", base_dir: Path | None = No
 
     listeners: list[ListenerConfig] = []
     listeners_node = root.child("listeners")
-    for item in listeners_node.items():
+    bound: list[tuple[str, Address]] = [("the admin server", admin.address)] if admin.address else []
+    for index, item in enumerate(listeners_node.items()):
         name, protocol = item.string("name"), item.string("protocol")
         address = parse_address(item.child("address"))
         options = _protocol_options(item, protocol, "frontend")
@@ -905,6 +940,9 @@ def parse_config(data: Any, source: str = "<string>", base_dir: Path | None = No
         item.check_no_unknown_keys()
         if name and protocol and address:
             listeners.append(ListenerConfig(name, protocol, address, options, tls, auth, fast_path))
+        if address:
+            _check_overlap(item, name, address, bound)
+            bound.append((f"listener {name!r} (listeners[{index}])", address))
     _unique(listeners_node, _names_of(listeners_node), "listener")
 
     upstreams: list[UpstreamConfig] = []

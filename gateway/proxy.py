@@ -38,7 +38,7 @@ from gateway.observe import RequestRecord
 from gateway.protocols.base import UpstreamClient
 from gateway.protocols.upstream import without_addresses
 from gateway.retry import PER_TRY_TIMEOUT, TIMEOUT, backoff_delay, error_chain, failure_reason
-from gateway.routing import Route, RouteTable
+from gateway.routing import Route, RouteTable, shadow_warnings
 from gateway.types import (
     ExtensionRequest,
     InferRequest,
@@ -118,7 +118,7 @@ class DataPlane:
     def _build(self, config: GatewayConfig, services: Any, reuse: dict[str, Cluster]) -> Generation:
         """Routes and clusters for ``config``; an upstream whose config did not
         change keeps its cluster (health, ejections, connections)."""
-        for warning in starvation_warnings(config):
+        for warning in starvation_warnings(config) + shadow_warnings(config):
             log.warning("%s", warning)
         clusters: dict[str, Cluster] = {}
         for upstream in config.upstreams:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import fnmatch
 import random
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from gateway.config import GatewayConfig, RouteConfig, StringMatch
+from gateway.config import GatewayConfig, RouteConfig, RouteMatch, StringMatch
 from gateway.hashing import stable_hash
 from gateway.protocols import registry
 
@@ -187,3 +187,84 @@ class RouteTable:
 
     def describe(self) -> list[str]:
         return [route.describe() for route in self.routes]
+
+
+# --- shadowed routes (gateway check) ----------------------------------------
+# Conservative: "covers" is claimed only when it is provable from the
+# patterns; a pair it cannot reason about (most regexes) is never reported.
+
+_GLOB_SPECIAL = "*?["
+
+
+def _literal(match: StringMatch) -> str | None:
+    """The one value ``match`` accepts, when it accepts exactly one."""
+    if match.kind == "exact" or (match.kind == "glob" and not any(c in match.pattern for c in _GLOB_SPECIAL)):
+        return match.pattern
+    return None
+
+
+def _accepts_any_string(match: StringMatch) -> bool:
+    return match.kind == "present" or (match.kind == "glob" and match.pattern != "" and set(match.pattern) == {"*"})
+
+
+def match_covers(earlier: StringMatch | None, later: StringMatch | None) -> bool:
+    """Provably, every value ``later`` accepts, ``earlier`` accepts too.
+    ``None`` is no condition (any value, absent included). No StringMatch
+    accepts an absent value, so one that takes every string covers all."""
+    if earlier is None:
+        return True
+    if later is None:
+        return False  # an absent header, or any version: no StringMatch takes all of those
+    if _accepts_any_string(earlier):
+        return True
+    value = _literal(later)
+    if value is not None:
+        return compile_match(earlier)(value)
+    if earlier.kind == "glob" and later.kind == "glob":
+        # A prefix glob "p*" (no other wildcard) takes every name a glob
+        # whose literal start begins with p does.
+        prefix = earlier.pattern[:-1]
+        if earlier.pattern.endswith("*") and not any(c in prefix for c in _GLOB_SPECIAL):
+            start = re.split(r"[*?[]", later.pattern, maxsplit=1)[0]
+            return start.startswith(prefix)
+    return earlier == later
+
+
+def route_match_covers(earlier: RouteMatch, later: RouteMatch) -> bool:
+    """Provably, every request ``later`` matches, ``earlier`` matches too."""
+    if earlier.listener is not None and earlier.listener != later.listener:
+        return False
+    if earlier.protocol is not None and earlier.protocol != later.protocol:
+        return False
+    if not match_covers(earlier.model, later.model):
+        return False
+    if later.version is None:  # any version: a string, "" when none was asked for
+        if earlier.version is not None and not _accepts_any_string(earlier.version):
+            return False
+    elif not match_covers(earlier.version, later.version):
+        return False
+    later_headers = dict(later.headers)
+    return all(name in later_headers and match_covers(test, later_headers[name]) for name, test in earlier.headers)
+
+
+def shadowed_routes(routes: Sequence[RouteConfig]) -> list[tuple[int, int]]:
+    """(shadowed, shadowing) route indexes: the first earlier route that
+    matches every request a later one matches, so the later one never serves
+    (first match wins)."""
+    found: list[tuple[int, int]] = []
+    for later in range(len(routes)):
+        for earlier in range(later):
+            if route_match_covers(routes[earlier].match, routes[later].match):
+                found.append((later, earlier))
+                break
+    return found
+
+
+def shadow_warnings(config: GatewayConfig) -> list[str]:
+    """``routes[i]: ...`` for every route an earlier route shadows."""
+    def name(index: int) -> str:
+        return config.routes[index].name or f"route-{index}"
+
+    return [f"routes[{later}]: route {name(later)!r} never serves a request: the earlier route {name(earlier)!r} "
+            f"(routes[{earlier}]) matches every request it matches (first match wins)"
+            for later, earlier in shadowed_routes(config.routes)]

@@ -8,11 +8,13 @@ from collections import Counter
 
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from gateway.config import parse_config
+from gateway.config import RouteConfig, RouteMatch, StringMatch, parse_config
 from gateway.confignode import ConfigError
 from gateway.protocols import registry
-from gateway.routing import RouteTable
+from gateway.routing import RouteTable, build_route, match_covers, route_match_covers, shadow_warnings, shadowed_routes
 
 
 @pytest.fixture(autouse=True)
@@ -254,3 +256,151 @@ def test_upstream_problems_name_their_yaml_path(upstream: str, expected: str) ->
 ])
 def test_gateway_section_problems(section: str, expected: str) -> None:
     assert expected in problems(f"listeners: []\nupstreams: []\nroutes: []\n{section}\n")
+
+
+# --- shadowed routes ---------------------------------------------------------
+
+
+def shadowed(routes: str) -> list[tuple[int, int]]:
+    return shadowed_routes(parse_config(yaml.safe_load(HEAD + "routes:\n" + routes)).routes)
+
+
+@pytest.mark.parametrize("routes, expected", [
+    # A catch-all shadows everything after it, whatever its conditions.
+    ("""
+  - {match: {model: "*"}, upstream: a}
+  - {match: {model: resnet}, upstream: b}
+  - {match: {model: {regex: "^bert-.*$"}, version: "2", listener: internal, headers: {x-a: b}}, upstream: b}
+""", [(1, 0), (2, 0)]),
+    ("""
+  - {upstream: a}
+  - {match: {model: "*", protocol: v2-grpc}, upstream: b}
+""", [(1, 0)]),
+    # An exact name shadows the same name with the same or narrower conditions.
+    ("""
+  - {match: {model: m}, upstream: a}
+  - {match: {model: m, listener: internal, protocol: v2-rest, version: "1", headers: {x-t: {present: true}}},
+     upstream: b}
+  - {match: {model: {exact: m}}, upstream: b}
+  - {match: {model: {glob: m}}, upstream: b}
+""", [(1, 0), (2, 0), (3, 0)]),
+    # Prefix globs: a later glob or name under the earlier prefix.
+    ("""
+  - {match: {model: "llama*"}, upstream: a}
+  - {match: {model: "llama-3-*"}, upstream: b}
+  - {match: {model: "llama-?b"}, upstream: b}
+  - {match: {model: llama}, upstream: b}
+""", [(1, 0), (2, 0), (3, 0)]),
+    # Any glob or regex shadows a later exact name it matches; the same pattern shadows itself.
+    ("""
+  - {match: {model: "res*-50"}, upstream: a}
+  - {match: {model: resnet-50}, upstream: b}
+  - {match: {model: {regex: "bert-(base|large)"}}, upstream: a}
+  - {match: {model: bert-large}, upstream: b}
+  - {match: {model: {regex: "bert-(base|large)"}}, upstream: b}
+""", [(1, 0), (3, 2), (4, 2)]),
+    # Headers: the earlier condition must be implied by the later one on the same header.
+    ("""
+  - {match: {headers: {x-canary: {present: true}}}, upstream: a}
+  - {match: {model: m, headers: {x-canary: "1", x-other: "2"}}, upstream: b}
+  - {match: {headers: {x-tenant: "*"}}, upstream: a}
+  - {match: {headers: {x-tenant: {present: true}}}, upstream: b}
+""", [(1, 0), (3, 2)]),
+    # A version glob "*" takes every version, the missing one ("") too.
+    ("""
+  - {match: {model: m, version: "*"}, upstream: a}
+  - {match: {model: m}, upstream: b}
+""", [(1, 0)]),
+])
+def test_shadowed_routes_are_found(routes: str, expected: list[tuple[int, int]]) -> None:
+    assert shadowed(routes) == expected
+
+
+@pytest.mark.parametrize("routes", [
+    # Narrower earlier routes leave requests to the later one.
+    """
+  - {match: {model: m, listener: internal}, upstream: a}
+  - {match: {model: m, protocol: v2-grpc}, upstream: a}
+  - {match: {model: m, version: "1"}, upstream: a}
+  - {match: {model: m, headers: {x-t: {present: true}}}, upstream: a}
+  - {match: {model: m}, upstream: b}
+""",
+    # A header condition versus none (the header may be absent) or another header.
+    """
+  - {match: {headers: {x-a: "*"}}, upstream: a}
+  - {match: {headers: {x-b: "*"}}, upstream: b}
+  - {upstream: c}
+""",
+    # Different names, prefixes that are not prefixes, and globs that only overlap.
+    """
+  - {match: {model: m}, upstream: a}
+  - {match: {model: n}, upstream: b}
+  - {match: {model: "m*"}, upstream: b}
+  - {match: {model: "llama-3*"}, upstream: a}
+  - {match: {model: "llama*"}, upstream: b}
+  - {match: {model: "*-50"}, upstream: a}
+  - {match: {model: "resnet*"}, upstream: b}
+""",
+    # Regexes it cannot reason about: no warning, even where one would be right.
+    """
+  - {match: {model: {regex: ".*"}}, upstream: a}
+  - {match: {model: "resnet*"}, upstream: b}
+  - {match: {model: "bert*"}, upstream: a}
+  - {match: {model: {regex: "bert-.*"}}, upstream: b}
+""",
+    # A version condition does not cover requests of any version, and "1" is no "1*".
+    """
+  - {match: {model: m, version: "1"}, upstream: a}
+  - {match: {model: m, version: "1*"}, upstream: b}
+  - {match: {model: m}, upstream: b}
+""",
+])
+def test_routes_that_are_reachable_are_not_reported(routes: str) -> None:
+    assert shadowed(routes) == []
+
+
+def test_shadow_warnings_name_both_routes() -> None:
+    config = parse_config(yaml.safe_load(HEAD + """routes:
+  - {name: everything, upstream: a}
+  - {match: {model: m}, upstream: b}
+"""))
+    assert shadow_warnings(config) == [
+        "routes[1]: route 'route-1' never serves a request: the earlier route 'everything' (routes[0]) matches "
+        "every request it matches (first match wins)"]
+
+
+def test_match_covers_forms() -> None:
+    exact, glob, regex = (StringMatch("exact", "m-1"), StringMatch("glob", "m-*"), StringMatch("regex", "m-[0-9]"))
+    assert match_covers(None, exact) and not match_covers(exact, None)
+    assert match_covers(glob, exact) and match_covers(regex, exact) and match_covers(glob, StringMatch("glob", "m-1?"))
+    assert not match_covers(exact, glob) and not match_covers(regex, glob) and not match_covers(glob, regex)
+    assert match_covers(StringMatch("present"), StringMatch("glob", "*"))
+    assert match_covers(StringMatch("glob", "**"), regex) and not match_covers(StringMatch("regex", ".*"), glob)
+
+
+# Soundness: whenever a cover is claimed, every request the later route takes,
+# the earlier one takes too (checked on values built to hit the patterns).
+_CHARS = "ab-*?"
+# Mostly a literal start and a wildcard tail, as names are globbed.
+_TAILS = st.sampled_from(["", "*", "?", "*b", "?*", "-*"])
+_PATTERN = st.one_of(st.builds(str.__add__, st.text("ab-", max_size=2), _TAILS), st.text(_CHARS, max_size=4))
+_MATCH = st.one_of(
+    st.builds(StringMatch, st.just("exact"), st.text("ab-", max_size=3)),
+    st.builds(StringMatch, st.just("glob"), _PATTERN),
+    st.builds(StringMatch, st.just("regex"), st.sampled_from(["a.*", "(a|b)+", "a-?b", ".*", "b"])),
+)
+_VALUES = ["", "a", "b", "ab", "a-b", "aa", "ba", "a*", "-", "abab", "b-a", "a?"]
+
+
+@settings(max_examples=1000, deadline=None)
+@given(earlier=_MATCH, later=_MATCH, present=st.booleans())
+def test_match_covers_is_never_wrong(earlier: StringMatch, later: StringMatch, present: bool) -> None:
+    first = RouteMatch(earlier, headers=(("x-h", StringMatch("present") if present else earlier),))
+    second = RouteMatch(later, headers=(("x-h", later),))
+    if not route_match_covers(first, second):
+        return
+    a, b = build_route(0, RouteConfig(first, "a")), build_route(1, RouteConfig(second, "a"))
+    for value in [*_VALUES, later.pattern]:
+        headers = {"x-h": value}
+        if b.matches(value, "", "rest", "v2-rest", headers):
+            assert a.matches(value, "", "rest", "v2-rest", headers), (earlier, later, value)
