@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import re
 import ssl
 from collections.abc import Awaitable, Callable, Mapping
 from types import MappingProxyType
@@ -38,17 +37,11 @@ from gateway.auth import Authenticator
 from gateway.budget import Reservation
 from gateway.errors import ErrorKind, GatewayError, malformed, too_large, unsupported
 from gateway.http.body import decompress
-from gateway.http.exchange import HttpReply, HttpStatusError, outcome_of_status
+from gateway.http.exchange import HttpReply, HttpStatusError, new_context, outcome_of_status, parser_reason
 from gateway.http.fast import FastConnection, FastListener
 from gateway.http.guard import ListenerGuard
 from gateway.observe import (
     OUTCOME_CANCELLED,
-    REQUEST_ID_HEADER,
-    TRACEPARENT_HEADER,
-    TRACESTATE_HEADER,
-    accept_request_id,
-    accept_traceparent,
-    accept_tracestate,
     echo_ids,
     finish_request,
 )
@@ -163,12 +156,7 @@ def request_context(request: web.Request, listener: str, protocol: str) -> Reque
     ctx = request.get(CONTEXT)
     if ctx is not None:
         return ctx
-    headers = {k.lower(): v for k, v in request.headers.items()}
-    traceparent = accept_traceparent(headers.get(TRACEPARENT_HEADER))
-    return RequestContext(listener=listener, protocol=protocol,
-                          request_id=accept_request_id(headers.get(REQUEST_ID_HEADER)), headers=headers,
-                          traceparent=traceparent,
-                          tracestate=accept_tracestate(headers.get(TRACESTATE_HEADER), traceparent))
+    return new_context(listener, protocol, {k.lower(): v for k, v in request.headers.items()})
 
 
 def note_error(request: web.Request, error: GatewayError) -> None:
@@ -445,7 +433,6 @@ class _GuardedRequestHandler(RequestHandler):
 
 # What the parser's messages say without the data they quote: llhttp's
 # reasons are fixed texts; aiohttp's pure-Python parser quotes the line.
-_PARSER_REASON = re.compile(r"[A-Za-z][A-Za-z0-9 ,./_-]{0,80}")
 _FAILURE_OF_CLASS: tuple[tuple[type[BaseException], str], ...] = (
     (BadHttpMethod, "bad method in the request line"),
     (BadStatusLine, "bad request line"),
@@ -460,9 +447,8 @@ _FAILURE_OF_CLASS: tuple[tuple[type[BaseException], str], ...] = (
 def parse_failure(exc: BaseException | None) -> str:
     """A fixed description of why a request could not be parsed, quoting
     nothing the client sent."""
-    text = str(getattr(exc, "message", "") or "")
-    reason = text.split(":\n", 1)[0]  # llhttp: "<reason>:\n\n  b'<data>'\n  ^"
-    if _PARSER_REASON.fullmatch(reason):
+    reason = parser_reason(str(getattr(exc, "message", "") or ""))
+    if reason is not None:
         return reason
     for cls, description in _FAILURE_OF_CLASS:
         if isinstance(exc, cls):

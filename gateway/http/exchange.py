@@ -6,6 +6,7 @@ these, so the two servers cannot answer one request differently."""
 from __future__ import annotations
 
 import abc
+import re
 import zlib
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -13,7 +14,15 @@ from typing import Any
 
 from gateway.budget import Reservation
 from gateway.errors import ErrorKind, GatewayError
-from gateway.observe import OUTCOME_OK
+from gateway.observe import (
+    OUTCOME_OK,
+    REQUEST_ID_HEADER,
+    TRACEPARENT_HEADER,
+    TRACESTATE_HEADER,
+    accept_request_id,
+    accept_traceparent,
+    accept_tracestate,
+)
 from gateway.offload import Offloader
 from gateway.types import RequestContext
 
@@ -40,6 +49,28 @@ def outcome_of_status(status: int, kinds: Mapping[int, ErrorKind]) -> str:
     if kind is None:
         kind = ErrorKind.MALFORMED_REQUEST if status < 500 else ErrorKind.INTERNAL
     return kind.value
+
+
+def new_context(listener: str, protocol: str, headers: dict[str, str]) -> RequestContext:
+    """A request's context from its headers (lower-case names): the
+    client's request id and W3C trace context when they are well formed."""
+    traceparent = accept_traceparent(headers.get(TRACEPARENT_HEADER))
+    return RequestContext(listener=listener, protocol=protocol,
+                          request_id=accept_request_id(headers.get(REQUEST_ID_HEADER)), headers=headers,
+                          traceparent=traceparent,
+                          tracestate=accept_tracestate(headers.get(TRACESTATE_HEADER), traceparent))
+
+
+# llhttp's reasons for refusing a request are fixed texts ("Invalid method
+# encountered"); anything else may quote what the client sent.
+_PARSER_REASON = re.compile(r"[A-Za-z][A-Za-z0-9 ,./_'-]{0,80}")
+
+
+def parser_reason(text: str) -> str | None:
+    """A parser's reason for refusing a request, if it is one of its fixed
+    texts (llhttp's message may go on with the offending bytes: cut)."""
+    reason = text.split(":\n", 1)[0]  # llhttp via aiohttp: "<reason>:\n\n  b'<data>'\n  ^"
+    return reason if _PARSER_REASON.fullmatch(reason) else None
 
 
 class HttpRequest(abc.ABC):

@@ -35,15 +35,17 @@ from urllib.parse import unquote
 import httptools
 
 from gateway.errors import ErrorKind, GatewayError, malformed, too_large, unsupported
-from gateway.http.exchange import Handler, HttpReply, HttpRequest, HttpStatusError, outcome_of_status
+from gateway.http.exchange import (
+    Handler,
+    HttpReply,
+    HttpRequest,
+    HttpStatusError,
+    new_context,
+    outcome_of_status,
+    parser_reason,
+)
 from gateway.observe import (
     OUTCOME_CANCELLED,
-    REQUEST_ID_HEADER,
-    TRACEPARENT_HEADER,
-    TRACESTATE_HEADER,
-    accept_request_id,
-    accept_traceparent,
-    accept_tracestate,
     echo_ids,
     finish_request,
 )
@@ -154,16 +156,6 @@ class _HeadParser:
 
 class HeadTooLarge(Exception):
     pass
-
-
-# llhttp's reasons are fixed texts ("Invalid method encountered"); anything
-# else is not repeated to the client.
-_PARSER_REASON = re.compile(r"[A-Za-z][A-Za-z0-9 ,./_'-]{0,80}")
-
-
-def _failure_words(exc: BaseException) -> str:
-    reason = str(exc)
-    return reason if _PARSER_REASON.fullmatch(reason) else "the request could not be parsed"
 
 
 def _decode_headers(pairs: list[tuple[bytes, bytes]], max_line: int, max_headers: int) -> dict[str, str]:
@@ -451,11 +443,7 @@ class FastConnection(asyncio.Protocol):
         self._cancel_timer()
         route, params = matched
         listener = self.listener
-        traceparent = accept_traceparent(headers.get(TRACEPARENT_HEADER))
-        ctx = RequestContext(listener=listener.name, protocol=listener.protocol,
-                             request_id=accept_request_id(headers.get(REQUEST_ID_HEADER)), headers=headers,
-                             traceparent=traceparent,
-                             tracestate=accept_tracestate(headers.get(TRACESTATE_HEADER), traceparent))
+        ctx = new_context(listener.name, listener.protocol, headers)
         request = FastRequest(self, method, path, params, headers, ctx, int(length), headers.get("expect"), route)
         self.request = request
         if not raw.should_keep_alive():
@@ -478,7 +466,8 @@ class FastConnection(asyncio.Protocol):
                 ErrorKind.TOO_LARGE, "the request line or headers are over limits.max_header_line_bytes or "
                 "limits.max_headers", 431)
         else:
-            error = malformed(f"malformed HTTP request: {_failure_words(exc)}")
+            reason = parser_reason(str(exc)) or "the request could not be parsed"
+            error = malformed(f"malformed HTTP request: {reason}")
         log.debug("refused a malformed HTTP request from %s: %s (%s)", self.peername, error.message,
                   type(exc).__name__)
         self._closing = True

@@ -32,7 +32,7 @@ from gateway.http.aiohttp_app import (
 )
 from gateway.http.body import decompress
 from gateway.http.exchange import Handler, HttpReply, HttpRequest
-from gateway.http.fast import FastListener, FastRoute, FastRoutes
+from gateway.http.fast import FastListener, FastRoute, FastRoutes, route
 from gateway.http.guard import ListenerGuard
 from gateway.protocols.base import Frontend
 from gateway.tls import ServerTls
@@ -81,16 +81,20 @@ class HttpFrontend(Frontend):
         reply = self.error_reply(error, status)
         return web.Response(status=reply.status, body=b"".join(reply.parts), headers=_reply_headers(reply))
 
-    def fast_routes(self) -> list[FastRoute]:
-        """The requests the fast path serves (gateway/http/fast.py); each
-        handler is also routed in the aiohttp app (:meth:`serving`), which
-        serves it on connections the fast path handed over."""
+    def handlers(self) -> list[tuple[str, str, Handler]]:
+        """The protocol's hot requests, (method, path, handler), written once
+        for both servers: the fast path serves them (gateway/http/fast.py)
+        and :meth:`add_routes` routes them in the aiohttp app, which serves
+        them on connections the fast path handed over."""
         return []
 
-    def add_routes(self, app: web.Application, handlers: list[tuple[str, str, Handler]]) -> None:
-        """Route each (method, path, handler) in the aiohttp app; GET routes
-        answer HEAD too, as aiohttp's own ``add_get`` does."""
-        for method, path, handler in handlers:
+    def fast_routes(self) -> list[FastRoute]:
+        return [route(method, path, handler) for method, path, handler in self.handlers()]
+
+    def add_routes(self, app: web.Application) -> None:
+        """Route :meth:`handlers` in the aiohttp app; GET routes answer HEAD
+        too, as aiohttp's own ``add_get`` does."""
+        for method, path, handler in self.handlers():
             if method == "GET":
                 app.router.add_get(path, self.serving(handler))
             else:

@@ -27,8 +27,7 @@ from gateway.graphtensors import (
     TASK_PARAMETER,
 )
 from gateway.http.aiohttp_app import note_error
-from gateway.http.exchange import HttpReply, HttpRequest, json_reply
-from gateway.http.fast import FastRoute, route
+from gateway.http.exchange import Handler, HttpReply, HttpRequest, json_reply
 from gateway.http.frontend import HttpFrontend
 from gateway.observe import REQUEST_ID_HEADER, Translating
 from gateway.protocols.graphstorm import codec, errors
@@ -41,7 +40,7 @@ log = logging.getLogger(__name__)
 PROTOCOL = "graphstorm"
 _TARGET_MODEL_HEADER = codec.TARGET_MODEL_HEADER.lower()
 DEFAULT_MODEL = "gnn"
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+AiohttpHandler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +81,7 @@ def json_response(body: bytes, status_code: int = 200) -> web.Response:
 
 
 @web.middleware
-async def envelope_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+async def envelope_errors(request: web.Request, handler: AiohttpHandler) -> web.StreamResponse:
     """Paths and methods outside the contract answer in the envelope form
     with their HTTP status; nothing leaves as an aiohttp text page."""
     try:
@@ -134,12 +133,12 @@ class GraphStormFrontend(HttpFrontend):
         see them."""
         return json_reply(codec.encode_error(error, ""), status or errors.HTTP_STATUS_OF_KIND.get(error.kind, 200))
 
-    def fast_routes(self) -> list[FastRoute]:
-        return [route("POST", "/invocations", self.invocations), route("GET", "/ping", self.ping)]
+    def handlers(self) -> list[tuple[str, str, Handler]]:
+        return [("POST", "/invocations", self.invocations), ("GET", "/ping", self.ping)]
 
     def build_app(self) -> web.Application:
         app = self.new_app([envelope_errors])
-        self.add_routes(app, [("POST", "/invocations", self.invocations), ("GET", "/ping", self.ping)])
+        self.add_routes(app)
         return app
 
     async def ping(self, request: HttpRequest) -> HttpReply:

@@ -23,7 +23,6 @@ from gateway.confignode import Node
 from gateway.errors import ErrorKind, GatewayError
 from gateway.http.aiohttp_app import error_middleware
 from gateway.http.exchange import HttpReply, HttpRequest, json_reply
-from gateway.http.fast import FastRoute, route
 from gateway.http.frontend import HttpFrontend
 from gateway.observe import (
     PASSTHROUGH_RENAMED,
@@ -62,22 +61,8 @@ _TRANSIENT = frozenset({ErrorKind.UPSTREAM_UNAVAILABLE, ErrorKind.UPSTREAM_TIMEO
                         ErrorKind.UPSTREAM_OVERLOADED, ErrorKind.NOT_READY})
 
 
-def json_response(body: bytes, status: int = 200, request_id: str = "") -> web.Response:
-    headers = {REQUEST_ID_HEADER: request_id} if request_id else None
-    return web.Response(status=status, body=body, content_type=codec.JSON_TYPE, headers=headers)
-
-
 def answer(body: bytes | bytearray, ctx: RequestContext) -> HttpReply:
     return HttpReply(200, [body], codec.JSON_TYPE, {REQUEST_ID_HEADER: ctx.request_id})
-
-
-def error_response(error: GatewayError, status: int | None = None) -> web.Response:
-    default_status, body = codec.encode_error(error)
-    return json_response(body, status or default_status)
-
-
-# Every failure leaves as UM-Bridge error JSON, never as a text page.
-umbridge_errors = error_middleware(error_response, errors.KIND_OF_HTTP_STATUS)
 
 
 class UmbridgeFrontend(HttpFrontend):
@@ -100,18 +85,15 @@ class UmbridgeFrontend(HttpFrontend):
         default_status, body = codec.encode_error(error)
         return json_reply(body, status or default_status)
 
-    def _handlers(self) -> list[tuple[str, str, Handler]]:
+    def handlers(self) -> list[tuple[str, str, Handler]]:
         return [("GET", "/Info", self.info), ("POST", "/InputSizes", self.input_sizes),
                 ("POST", "/OutputSizes", self.output_sizes), ("POST", "/ModelInfo", self.model_info),
                 ("POST", "/Evaluate", self.evaluate),
                 *(("POST", f"/{kind}", self._derivative_handler(kind)) for kind in DERIVATIVE_KINDS)]
 
-    def fast_routes(self) -> list[FastRoute]:
-        return [route(method, path, handler) for method, path, handler in self._handlers()]
-
     def build_app(self) -> web.Application:
-        app = self.new_app([umbridge_errors])
-        self.add_routes(app, self._handlers())
+        app = self.new_app([error_middleware(self.render_error, self.status_kinds)])  # UM-Bridge JSON, no text
+        self.add_routes(app)
         return app
 
     # --- the model behind a name -------------------------------------------

@@ -18,7 +18,6 @@ from gateway.extensions.service import Extensions
 from gateway.http.aiohttp_app import error_middleware, request_context
 from gateway.http.body import accepted_coding
 from gateway.http.exchange import Handler, HttpReply, HttpRequest, compress
-from gateway.http.fast import FastRoute, route
 from gateway.http.frontend import HttpFrontend
 from gateway.limits import BYTES_ELEMENT_COST
 from gateway.observe import PASSTHROUGH_RENAMED, REQUEST_ID_HEADER
@@ -35,18 +34,9 @@ _HEADER_LENGTH = codec.HEADER_LENGTH.lower()
 EXTENSIONS = [BINARY_TENSOR_DATA]
 
 
-def error_response(error: GatewayError, status: int | None = None) -> web.Response:
-    default_status, body = codec.encode_error(error)
-    return web.Response(status=status or default_status, body=body, content_type=codec.JSON_TYPE)
-
-
 def error_reply(error: GatewayError, status: int | None = None) -> HttpReply:
     default_status, body = codec.encode_error(error)
     return HttpReply(status or default_status, [body], codec.JSON_TYPE)
-
-
-# Every failure leaves in the V2 error form, never aiohttp's text pages.
-v2_errors = error_middleware(error_response, errors.KIND_OF_HTTP_STATUS)
 
 
 _MODEL_PATHS = ("/v2/models/{model}", "/v2/models/{model}/versions/{version}")
@@ -81,7 +71,7 @@ class V2RestFrontend(HttpFrontend):
         """The context of a request served by the aiohttp app (extensions)."""
         return request_context(request, self.listener.name, PROTOCOL)
 
-    def _handlers(self) -> list[tuple[str, str, Handler]]:
+    def handlers(self) -> list[tuple[str, str, Handler]]:
         handlers: list[tuple[str, str, Handler]] = [
             ("GET", "/v2", self.server_metadata), ("GET", "/v2/", self.server_metadata),
             ("GET", "/v2/health/live", self.live), ("GET", "/v2/health/ready", self.ready)]
@@ -90,14 +80,11 @@ class V2RestFrontend(HttpFrontend):
                          ("POST", prefix + "/infer", self.infer)]
         return handlers
 
-    def fast_routes(self) -> list[FastRoute]:
-        return [route(method, path, handler) for method, path, handler in self._handlers()]
-
     def build_app(self) -> web.Application:
-        app = self.new_app([v2_errors])
+        app = self.new_app([error_middleware(self.render_error, self.status_kinds)])  # V2 errors, no text pages
         self.extensions = Extensions(self.dataplane, self.services)
         extensions.add_routes(app.router, self)
-        self.add_routes(app, self._handlers())
+        self.add_routes(app)
         return app
 
     @staticmethod
