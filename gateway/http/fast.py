@@ -590,16 +590,11 @@ class FastConnection(asyncio.Protocol):
         self.listener.guard.request_finished(self)
         if self.transport is None:
             return
-        if self._closing:
-            if request.missing and not (request.expect is not None and not request.continued):
-                # The client is still sending a body nobody reads: read and drop
-                # it a while before closing, so that it sees the answer.
-                self._discard = request.missing
-                self._lingering(min(_LINGERING_TIME, self.listener.services.config.limits.body_timeout))
-                return
-            self._close()
-            return
-        if request.missing:
+        withheld = request.expect is not None and not request.continued  # the client holds its body back
+        if request.missing and not withheld:
+            # The client is still sending a body nobody reads: read and drop it
+            # (for a while) before the next request, or before closing, so that
+            # it sees the answer.
             self._discard = request.missing
             self._lingering(min(_LINGERING_TIME, self.listener.services.config.limits.body_timeout))
             return
