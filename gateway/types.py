@@ -203,12 +203,18 @@ class Handover:
 
     # The frontend's side: drops its body buffer, the client's bytes and
     # the decoded inputs (the list every copy of the request shares).
-    drop: Callable[[], None]
+    let_go: Callable[[], None]
     dropped: bool = False
     # The upstream client's message, kept for a retry to the same upstream
     # (so the same protocol) after the inputs were dropped; None when no
     # retry can use it.
     message: RawPayload | None = None
+
+    def drop(self, message: RawPayload) -> None:
+        """``message`` holds the tensors now: the frontend lets go of its copies."""
+        self.message = message
+        self.let_go()
+        self.dropped = True
 
 
 @dataclass(slots=True)

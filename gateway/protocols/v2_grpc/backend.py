@@ -181,9 +181,7 @@ class V2GrpcClient(UpstreamClient):
         message = await self.services.offload.run(size, codec.encode_infer_request, request)
         if handover is not None and len(message) >= STREAMED_MIN_BYTES and _unmirrored(ctx):
             # The body's budget charge (held until the request ends) covers the message from here.
-            handover.message = RawPayload(passthrough.PROTOCOL, message, passthrough.CONTENT_TYPE)
-            handover.drop()
-            handover.dropped = True
+            handover.drop(RawPayload(passthrough.PROTOCOL, message, passthrough.CONTENT_TYPE))
             request.raw = None  # this copy's reference to the client's bytes
         return message
 
