@@ -8,6 +8,14 @@ from typing import Any
 
 from gateway.builtin.gnn import GnnModel, GnnSettings, parse_gnn_settings
 from gateway.builtin.models import MODEL_VERSION, AddSub, BuiltinModel, Forward, Identity, Trig
+from gateway.builtin.sequences import (
+    DEFAULT_IDLE_SECONDS,
+    DEFAULT_MAX_SEQUENCES,
+    DynaSequence,
+    SequenceModel,
+    SequenceSettings,
+    StringDynaSequence,
+)
 from gateway.confignode import Node
 from gateway.errors import model_not_found
 from gateway.protocols.base import UpstreamClient
@@ -22,7 +30,8 @@ from gateway.types import (
 )
 
 
-def default_models(gnn: GnnSettings | None = None) -> dict[str, BuiltinModel]:
+def default_models(gnn: GnnSettings | None = None,
+                   sequences: SequenceSettings | None = None) -> dict[str, BuiltinModel]:
     """Every embedded model, by name."""
     factories: list[Callable[[], BuiltinModel]] = [
         lambda: AddSub("simple", "INT32"),
@@ -31,15 +40,30 @@ def default_models(gnn: GnnSettings | None = None) -> dict[str, BuiltinModel]:
         Forward,
         Trig,
         lambda: GnnModel(gnn or GnnSettings()),
+        lambda: SequenceModel("simple_sequence", sequences),
+        lambda: DynaSequence("simple_dyna_sequence", sequences),
+        lambda: StringDynaSequence("simple_string_dyna_sequence", sequences),
     ]
     models = [make() for make in factories]
     return {model.name: model for model in models}
+
+
+def parse_sequence_settings(node: Node) -> SequenceSettings:
+    """``sequences:`` of a builtin upstream: how long an idle sequence lives
+    and how many may be live per model."""
+    if node.value is None:
+        return SequenceSettings()
+    settings = SequenceSettings(node.duration("idle_timeout", DEFAULT_IDLE_SECONDS),
+                                node.integer("max_sequences", DEFAULT_MAX_SEQUENCES, minimum=1))
+    node.check_no_unknown_keys()
+    return settings
 
 
 @dataclass(frozen=True, slots=True)
 class BuiltinOptions:
     models: tuple[str, ...]
     gnn: GnnSettings = field(default_factory=GnnSettings)
+    sequences: SequenceSettings = field(default_factory=SequenceSettings)
 
 
 class BuiltinClient(UpstreamClient):
@@ -56,14 +80,15 @@ class BuiltinClient(UpstreamClient):
         for i, name in enumerate(names):
             if name not in known:
                 node.error(f"unknown builtin model {name!r}; known: {', '.join(known)}", f"models[{i}]")
-        return BuiltinOptions(names, parse_gnn_settings(node.child("gnn", None)))
+        return BuiltinOptions(names, parse_gnn_settings(node.child("gnn", None)),
+                              parse_sequence_settings(node.child("sequences", None)))
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         options = self.upstream.options
         if not isinstance(options, BuiltinOptions):
             options = BuiltinOptions(tuple(options or ()))
-        self.models = {name: model for name, model in default_models(options.gnn).items()
+        self.models = {name: model for name, model in default_models(options.gnn, options.sequences).items()
                        if name in options.models}
 
     def knows_model(self, model: str, version: str) -> bool | None:
