@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
+from gateway.affinity import SequencePins
 from gateway.config import Address, UpstreamConfig
 from gateway.counters import Counters, EndpointCounters, Event
 from gateway.errors import ErrorKind, GatewayError
@@ -135,6 +136,7 @@ class Cluster:
         self._ring = self._build_ring() if config.load_balancing.policy == "consistent_hash" else []
         self._ring_keys = [point for point, _ in self._ring]
         self._health_task: asyncio.Task[None] | None = None
+        self.pins = SequencePins(config.sequence_affinity, clock)
 
     @property
     def name(self) -> str:
@@ -255,12 +257,15 @@ class Cluster:
 
     # --- load balancing and limits ---------------------------------------------
 
-    def _candidates(self, exclude: set[Endpoint]) -> list[Endpoint]:
+    def _candidates(self, exclude: set[Endpoint], pinned: Endpoint | None = None) -> list[Endpoint]:
         """Endpoints that may take the next attempt: available ones (all of
         them when none is: better to try than to refuse), with a free slot,
-        preferring those this request has not tried yet."""
+        preferring those this request has not tried yet. A request pinned to
+        an endpoint (a sequence's) has that one or none."""
         if self.in_flight >= self.config.circuit_breaker.max_requests:
             return []
+        if pinned is not None:
+            return [pinned] if pinned.in_flight < self.config.connection_pool.max_connections else []
         now = self._clock()
         self._readmit_expired(now)
         pool = [e for e in self.endpoints if e.available(now)] or self.endpoints
@@ -303,8 +308,8 @@ class Cluster:
                 return endpoint
         return candidates[0]  # unreachable: every endpoint has ring points
 
-    def _take(self, key: str | None, exclude: set[Endpoint]) -> Lease | None:
-        candidates = self._candidates(exclude)
+    def _take(self, key: str | None, exclude: set[Endpoint], pinned: Endpoint | None = None) -> Lease | None:
+        candidates = self._candidates(exclude, pinned)
         if not candidates:
             return None
         endpoint = self._choose(candidates, key)
@@ -318,12 +323,14 @@ class Cluster:
         """A slot now, or None; never waits (mirrors use it)."""
         return None if self._waiters else self._take(key, exclude or set())
 
-    async def acquire(self, key: str | None = None, exclude: set[Endpoint] | None = None) -> Lease:
-        """A slot on an endpoint: at once if free, else wait in line while the
-        line is shorter than ``max_pending``; beyond that UPSTREAM_OVERLOADED at once.
-        The caller bounds the wait with its deadline."""
+    async def acquire(self, key: str | None = None, exclude: set[Endpoint] | None = None,
+                      pinned: Endpoint | None = None) -> Lease:
+        """A slot on an endpoint (on ``pinned`` if given): at once if free,
+        else wait in line while the line is shorter than ``max_pending``;
+        beyond that UPSTREAM_OVERLOADED at once. The caller bounds the wait
+        with its deadline."""
         exclude = exclude or set()
-        lease = self.try_acquire(key, exclude)
+        lease = None if self._waiters else self._take(key, exclude, pinned)
         if lease is not None:
             return lease
         breaker = self.config.circuit_breaker
@@ -339,7 +346,7 @@ class Cluster:
         try:
             while True:
                 await waiter.future
-                lease = self._take(key, exclude)
+                lease = self._take(key, exclude, pinned)
                 if lease is not None:
                     return lease
                 waiter.future = asyncio.get_running_loop().create_future()
@@ -360,6 +367,17 @@ class Cluster:
         for waiter in self._waiters:
             if not waiter.future.done():
                 waiter.future.set_result(None)
+
+    def pinned_endpoint(self, address: str) -> Endpoint | None:
+        """The endpoint at ``address`` if it may serve (a sequence pinned to
+        it goes on), else None: ejected, unhealthy or gone, the sequence's
+        state is lost with it."""
+        now = self._clock()
+        self._readmit_expired(now)
+        for endpoint in self.endpoints:
+            if endpoint.address == address:
+                return endpoint if endpoint.available(now) else None
+        return None
 
     # --- retry budget -----------------------------------------------------------
 

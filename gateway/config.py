@@ -194,6 +194,15 @@ class RetryBudget:
 
 
 @dataclass(frozen=True, slots=True)
+class SequenceAffinity:
+    """Requests carrying a sequence_id stick to the endpoint that answered
+    the sequence's first request (gateway/affinity.py)."""
+
+    idle_timeout: float = 300.0  # seconds a pin outlives the sequence's last request
+    max_sequences: int = 100_000  # pins kept; past it the least recently used is dropped
+
+
+@dataclass(frozen=True, slots=True)
 class UpstreamConfig:
     name: str
     protocol: str
@@ -206,6 +215,7 @@ class UpstreamConfig:
     circuit_breaker: CircuitBreaker = CircuitBreaker()
     connection_pool: ConnectionPool = ConnectionPool()
     retry_budget: RetryBudget = RetryBudget()
+    sequence_affinity: SequenceAffinity = SequenceAffinity()
     tls: UpstreamTls | None = None  # TLS / mTLS toward the endpoints
     auth: CredentialConfig | None = None  # a credential header sent on every call
     # Forward the client's bytes unchanged when client and upstream speak the
@@ -678,6 +688,16 @@ def _retry_budget(node: Node) -> RetryBudget:
     return budget
 
 
+def _sequence_affinity(node: Node) -> SequenceAffinity:
+    d = SequenceAffinity()
+    if not _section(node):
+        return d
+    affinity = SequenceAffinity(_positive_duration(node, "idle_timeout", d.idle_timeout),
+                                node.integer("max_sequences", d.max_sequences, minimum=1))
+    node.check_no_unknown_keys()
+    return affinity
+
+
 def _endpoints(item: Node, protocol: str | None) -> tuple[Address, ...]:
     from gateway.protocols import registry
 
@@ -708,6 +728,7 @@ def _upstream(item: Node, base_dir: Path) -> UpstreamConfig | None:
         circuit_breaker=_circuit_breaker(item.child("circuit_breaker", None)),
         connection_pool=_connection_pool(item.child("connection_pool", None)),
         retry_budget=_retry_budget(item.child("retry_budget", None)),
+        sequence_affinity=_sequence_affinity(item.child("sequence_affinity", None)),
         tls=parse_upstream_tls(item.child("tls", None), base_dir),
         auth=parse_credential_config(item.child("auth", None), base_dir),
         passthrough=item.flag("passthrough", True),

@@ -18,6 +18,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
+from gateway.affinity import SequencePins, SequenceStep, sequence_step
 from gateway.cluster import ClientFactory, Cluster, Endpoint
 from gateway.config import GatewayConfig, starvation_warnings
 from gateway.counters import Counters, Event
@@ -96,6 +97,8 @@ class DataPlane:
         self._client_factory = client_factory
         self._clock = clock
         self._rng = rng or random.Random()
+        # A sequence on a split route stays with the upstream its first request went to.
+        self._sequence_upstreams = SequencePins(clock=clock)
         self._current = self._build(config, services, {})
         self._live: list[Generation] = [self._current]  # current + retiring ones
         self._tasks: set[asyncio.Task[None]] = set()  # mirrors and retirements
@@ -206,10 +209,14 @@ class DataPlane:
     # --- one request: deadline and attempts ----------------------------------
 
     async def _call(self, generation: Generation, route: Route, ctx: RequestContext,
-                    call: Callable[[UpstreamClient], Awaitable[T]], upstream: str | None = None) -> T:
+                    call: Callable[[UpstreamClient], Awaitable[T]], upstream: str | None = None,
+                    sequence: SequenceStep | None = None) -> T:
         """Run ``call`` on endpoints of the route's upstream, retrying as the
         route's policy allows, all within one deadline: the route's timeout
-        (else the upstream's), or the client's own deadline when sooner."""
+        (else the upstream's), or the client's own deadline when sooner. A
+        request of a sequence goes where its sequence went before."""
+        if upstream is None and sequence is not None and len(route.upstreams) > 1:
+            upstream = self._sequence_upstream(route, ctx, sequence)
         cluster = generation.clusters[upstream or route.pick_upstream(ctx.headers, self._rng)]
         ctx.record.upstream = cluster.name
         configured = route.config.timeout if route.config.timeout is not None else cluster.config.timeout
@@ -224,7 +231,8 @@ class DataPlane:
             ctx.deadline = time.monotonic() + budget
         try:
             async with asyncio.timeout(budget) as deadline:
-                return await self._attempts(cluster, route, ctx, call, deadline, blame_timeouts=not by_client)
+                return await self._attempts(cluster, route, ctx, call, deadline, blame_timeouts=not by_client,
+                                            sequence=sequence)
         except TimeoutError:
             if not deadline.expired():
                 raise
@@ -236,10 +244,11 @@ class DataPlane:
 
     async def _attempts(self, cluster: Cluster, route: Route, ctx: RequestContext,
                         call: Callable[[UpstreamClient], Awaitable[T]], deadline: asyncio.Timeout,
-                        blame_timeouts: bool) -> T:
+                        blame_timeouts: bool, sequence: SequenceStep | None = None) -> T:
         policy = route.config.retry
         hash_header = cluster.config.load_balancing.header
         key = ctx.headers.get(hash_header) if hash_header else None
+        pinned = _sequence_endpoint(cluster, sequence) if sequence is not None else None
         tried: set[Endpoint] = set()
         attempt = 0
         budgeted = False  # whether the current try is a retry held against the budget
@@ -247,7 +256,7 @@ class DataPlane:
             attempt += 1
             try:
                 waiting = time.monotonic()
-                lease = await cluster.acquire(key, tried)
+                lease = await cluster.acquire(key, tried, pinned)
                 ctx.record.queue_seconds += time.monotonic() - waiting
                 tried.add(lease.endpoint)
                 record = UpstreamAttempt(cluster.name, lease.endpoint.address, time.monotonic())
@@ -274,6 +283,8 @@ class DataPlane:
                         error = _without_address(error, lease.endpoint.address)
                 else:
                     lease.release(None)
+                    if sequence is not None:
+                        _sequence_answered(cluster, sequence, lease.endpoint)
                     return result
                 finally:
                     record.duration = time.monotonic() - record.started
@@ -283,7 +294,10 @@ class DataPlane:
             # A try that never reached an endpoint added no load anywhere, so
             # its retry is outside the budget: a dead endpoint costs no errors.
             budgeted = reason != CONNECT_FAILURE
-            if attempt >= policy.attempts or reason not in policy.retry_on or not cluster.begin_retry(budgeted):
+            # A sequence's step that reached its endpoint may have changed its state: never sent twice.
+            once = sequence is not None and reason != CONNECT_FAILURE
+            if (once or attempt >= policy.attempts or reason not in policy.retry_on
+                    or not cluster.begin_retry(budgeted)):
                 if attempt > 1:
                     raise GatewayError(error.kind, f"{error.message} (after {attempt} attempts)") from error
                 raise error
@@ -294,6 +308,19 @@ class DataPlane:
                 if budgeted:
                     cluster.end_retry()
                 raise
+
+    def _sequence_upstream(self, route: Route, ctx: RequestContext, sequence: SequenceStep) -> str:
+        """The upstream of a sequence on a split route: the one its START
+        went to, whatever the weights say now."""
+        key = f"{route.name}|{sequence.key}"
+        upstream = None if sequence.start else self._sequence_upstreams.endpoint_of(key)
+        if upstream is None or upstream not in route.upstreams:
+            upstream = route.pick_upstream(ctx.headers, self._rng)
+        if sequence.end:
+            self._sequence_upstreams.unpin(key)
+        else:
+            self._sequence_upstreams.pin(key, upstream)
+        return upstream
 
     def _failure(self, exc: Exception, per_try_expired: bool, per_try_timeout: float | None, endpoint: Endpoint,
                  cluster: Cluster) -> tuple[str | None, GatewayError]:
@@ -379,7 +406,9 @@ class DataPlane:
                 if copied else request
             if route.config.mirror:
                 self._start_mirrors(generation, route, upstream_request, ctx)
-            response = await self._call(generation, route, ctx, lambda c: c.infer(upstream_request, ctx))
+            sequence = sequence_step(request.parameters) if request.parameters else None
+            response = await self._call(generation, route, ctx, lambda c: c.infer(upstream_request, ctx),
+                                        sequence=sequence)
         finally:
             generation.exit()
         response.model_name = asked_model
@@ -469,6 +498,32 @@ class DataPlane:
                     names += [n for n in listed if n not in names and route.matches(
                         n, "", ctx.listener, ctx.protocol, ctx.headers)]
         return names
+
+
+def _sequence_endpoint(cluster: Cluster, sequence: SequenceStep) -> Endpoint | None:
+    """Where a sequence's request must go: None for a START (or a sequence
+    the gateway has not seen: the balancer picks); its pinned endpoint while
+    that endpoint serves; an error once it does not (the state is lost with
+    it, so the sequence ends here instead of moving)."""
+    if sequence.start:
+        return None
+    address = cluster.pins.endpoint_of(sequence.key)
+    if address is None:
+        return None
+    endpoint = cluster.pinned_endpoint(address)
+    if endpoint is None:
+        cluster.pins.unpin(sequence.key)
+        raise GatewayError(ErrorKind.UPSTREAM_UNAVAILABLE,
+                           f"the endpoint of upstream '{cluster.name}' holding this sequence's state is unavailable "
+                           "(ejected, unhealthy or removed); the sequence has ended: start it again")
+    return endpoint
+
+
+def _sequence_answered(cluster: Cluster, sequence: SequenceStep, endpoint: Endpoint) -> None:
+    if sequence.end:
+        cluster.pins.unpin(sequence.key)
+    else:
+        cluster.pins.pin(sequence.key, endpoint.address)
 
 
 def _log_failure(ctx: RequestContext, attempt: int, upstream: str, endpoint: str, reason: str | None,

@@ -44,6 +44,7 @@ DURATIONS = {
     ("UpstreamConfig", "timeout"), ("RouteConfig", "timeout"),
     ("RetryPolicy", "per_try_timeout"), ("RetryPolicy", "backoff"), ("RetryPolicy", "max_backoff"),
     ("DrainConfig", "delay"), ("DrainConfig", "timeout"), ("ReloadConfig", "watch_interval"),
+    ("SequenceAffinity", "idle_timeout"),
 }
 # ... and floats that are plain numbers. Every float field is in one of the two.
 NUMBERS = {("RetryBudget", "percent"), ("Mirror", "percent"), ("TracingConfig", "sample_ratio")}

@@ -26,13 +26,11 @@ from typing import Any
 
 import numpy as np
 
+from gateway.affinity import SEQUENCE_END, SEQUENCE_ID, SEQUENCE_START
 from gateway.builtin.models import BuiltinModel
 from gateway.errors import ErrorKind, GatewayError, invalid
 from gateway.types import InferRequest, Tensor, TensorSpec
 
-SEQUENCE_ID = "sequence_id"
-SEQUENCE_START = "sequence_start"
-SEQUENCE_END = "sequence_end"
 DEFAULT_IDLE_SECONDS = 60.0
 DEFAULT_MAX_SEQUENCES = 1024
 INT32_MIN, INT32_MAX = int(np.iinfo(np.int32).min), int(np.iinfo(np.int32).max)
