@@ -199,10 +199,13 @@ class Registry:
     # --- data -------------------------------------------------------------------
 
     def _descriptor(self, region: Region) -> int:
+        """A descriptor of the region's object for one copy, which closes it:
+        a duplicate of the kept one, so an unregister closing that meanwhile
+        cannot make the copy use a reused descriptor number."""
         with self._lock:
             fd = self._fds.get(region.serial)
-        if fd is not None:
-            return fd
+            if fd is not None:
+                return os.dup(fd)
         fd = _open_key(region.key)
         info = os.fstat(fd)
         if (info.st_dev, info.st_ino) != (region.device, region.inode):
@@ -213,9 +216,10 @@ class Registry:
             if len(self._fds) >= _SWEEP_AT:
                 self._sweep_locked()
             known = self._fds.setdefault(region.serial, fd)
+            copy = os.dup(known)
         if known != fd:
             os.close(fd)
-        return known
+        return copy
 
     def _sweep(self) -> None:
         with self._lock:
@@ -249,26 +253,30 @@ class Registry:
         return region, Window(name, offset, size)
 
     def read(self, region: Region, window: Window, label: str) -> bytearray:
-        fd = self._descriptor(region)
-        start = region.offset + window.offset
         buffer = bytearray(window.byte_size)
-        done = os.preadv(fd, [buffer], start) if window.byte_size else 0
+        fd = self._descriptor(region)
+        try:
+            done = os.preadv(fd, [buffer], region.offset + window.offset) if window.byte_size else 0
+        finally:
+            os.close(fd)
         if done != window.byte_size:
             raise invalid(f"{label}: shared memory region '{window.region[:100]}' ends before the data "
                           "(its object shrank since it was registered)")
         return buffer
 
     def write(self, region: Region, window: Window, data: Any, label: str) -> None:
-        fd = self._descriptor(region)
         start = region.offset + window.offset
-        size = memoryview(data).nbytes
-        if os.fstat(fd).st_size < start + size:
-            raise invalid(f"{label}: shared memory region '{window.region[:100]}' ends before the data "
-                          "(its object shrank since it was registered)")
         view = memoryview(data).cast("B")
-        while view:
-            written = os.pwrite(fd, view, start)
-            view, start = view[written:], start + written
+        fd = self._descriptor(region)
+        try:
+            if os.fstat(fd).st_size < start + view.nbytes:
+                raise invalid(f"{label}: shared memory region '{window.region[:100]}' ends before the data "
+                              "(its object shrank since it was registered)")
+            while view:
+                written = os.pwrite(fd, view, start)
+                view, start = view[written:], start + written
+        finally:
+            os.close(fd)
 
 
 def cuda_status(name: str) -> list[Region]:
