@@ -298,6 +298,44 @@ def test_rest_infer_errors(gateway: GatewayProcess, regions: Regions) -> None:
     client.unregister_system_shared_memory(name)
 
 
+def test_object_shrunk_after_registering(gateway: GatewayProcess, regions: Regions) -> None:
+    """A client that truncates its object gets an error, for an input and
+    for an output (never a SIGBUS in the gateway)."""
+    client = httpclient.InferenceServerClient(gateway.url("rest"))
+    url = f"http://{gateway.url('rest')}/v2/models/simple/infer"
+    name, key, _ = regions.create(64)
+    client.register_system_shared_memory(name, key, 64)
+    body = _infer_body({"shared_memory_region": name, "shared_memory_byte_size": 64})
+    assert requests.post(url, json=body, timeout=10).status_code == 200
+    os.truncate(f"/dev/shm{key}", 16)
+    answer = requests.post(url, json=body, timeout=10)
+    assert answer.status_code == 400 and "shrank" in answer.json()["error"]
+    output = {"shared_memory_region": name, "shared_memory_byte_size": 64}
+    plain = [{"name": n, "datatype": "INT32", "shape": [1, 16], "data": list(range(16))} for n in ("INPUT0", "INPUT1")]
+    answer = requests.post(url, json={"inputs": plain, "outputs": [{"name": "OUTPUT0", "parameters": output}]},
+                           timeout=10)
+    assert answer.status_code == 400 and "shrank" in answer.json()["error"]
+    client.unregister_system_shared_memory(name)
+
+
+def test_big_tensors_through_regions(gateway: GatewayProcess, regions: Regions) -> None:
+    """Copies over the offload threshold (64 KiB), both directions."""
+    client = grpcclient.InferenceServerClient(gateway.url("grpc"))
+    a = np.random.default_rng(1).random(1 << 18, dtype=np.float32)  # 1 MiB
+    in_name, in_key, in_handle = regions.create(a.nbytes)
+    out_name, out_key, out_handle = regions.create(a.nbytes)
+    shm.set_shared_memory_region(in_handle, [a])
+    client.register_system_shared_memory(in_name, in_key, a.nbytes)
+    client.register_system_shared_memory(out_name, out_key, a.nbytes)
+    item = grpcclient.InferInput("INPUT0", [a.size], "FP32")
+    item.set_shared_memory(in_name, a.nbytes)
+    output = grpcclient.InferRequestedOutput("OUTPUT0")
+    output.set_shared_memory(out_name, a.nbytes)
+    client.infer("identity", [item], outputs=[output])
+    np.testing.assert_array_equal(shm.get_contents_as_numpy(out_handle, np.float32, [a.size]), a)
+    client.unregister_system_shared_memory()
+
+
 def test_grpc_errors(gateway: GatewayProcess, regions: Regions) -> None:
     client = grpcclient.InferenceServerClient(gateway.url("grpc"))
     name, key, _ = regions.create(64)
