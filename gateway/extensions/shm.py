@@ -40,7 +40,7 @@ import orjson
 
 from gateway.errors import GatewayError, invalid, malformed, unsupported
 from gateway.extensions import SHM_REGISTRY_ENV
-from gateway.limits import TensorBudget
+from gateway.limits import BYTES_ELEMENT_COST, TensorBudget
 from gateway.tensors import array_from_raw, array_to_raw
 from gateway.types import NUMPY_DTYPES, InferRequest, InferResponse, Tensor
 
@@ -421,8 +421,11 @@ async def run_inputs(request: InferRequest, found: Plan, budget: TensorBudget,
         await offload.run(size, read_inputs, request, found, budget)
 
 
-async def run_outputs(response: InferResponse, found: Plan, offload: Any) -> None:
-    """:func:`write_outputs`, big copies made in the offload pool."""
+async def run_outputs(response: InferResponse, found: Plan, grow: Callable[[int], None], offload: Any) -> None:
+    """:func:`write_outputs`, big copies made in the offload pool. Numbers
+    are written from their arrays; BYTES tensors are first put in their
+    length-prefixed form, charged to the memory budget before."""
     if found.outputs:
-        size = sum(t.data.nbytes for t in response.outputs if t.name in found.outputs)
-        await offload.run(size, write_outputs, response, found)
+        targets = [t for t in response.outputs if t.name in found.outputs]
+        grow(sum(t.data.size * BYTES_ELEMENT_COST for t in targets if t.datatype == "BYTES"))
+        await offload.run(sum(t.data.nbytes for t in targets), write_outputs, response, found)

@@ -354,7 +354,7 @@ class V2GrpcFrontend(Frontend):
         await shm.run_inputs(infer_request, regions, TensorBudget.of(limits), reservation.grow, offload)
         ctx.record.decode_seconds = time.perf_counter() - started
         response = await self.extensions.infer(infer_request, ctx)
-        await shm.run_outputs(response, regions, offload)
+        await shm.run_outputs(response, regions, reservation.grow, offload)
         started = time.perf_counter()
         typed = self.options.output_contents == "typed"
         relayed = passthrough.reply_bytes(response, typed)

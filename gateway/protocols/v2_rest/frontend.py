@@ -156,7 +156,7 @@ class V2RestFrontend(HttpFrontend):
             response = await self.extensions.infer(infer_request, ctx)
         finally:
             infer_request.handover = None  # it refers back to the request
-        await shm.run_outputs(response, regions, offload)
+        await shm.run_outputs(response, regions, reservation.grow, offload)
         # Let them go (if still held) before the answer is built, so a big
         # request and its answer do not overlap. Not in place: a mirror may
         # still be reading the inputs.
