@@ -18,7 +18,7 @@ from typing import Any
 from gateway.auth import CredentialConfig, SecretRef, parse_credential_config, parse_secret_ref
 from gateway.confignode import ConfigError, EnvText, Node, expand_env, is_single_env_ref, type_scalar
 from gateway.configyaml import load_yaml
-from gateway.extensions import GATEWAY_EXTENSIONS
+from gateway.extensions import DEFAULT_EXTENSIONS, GATEWAY_EXTENSIONS
 from gateway.extensions.labels import ClassificationConfig, parse_classification
 from gateway.tls import CLIENT_AUTH_MODES, ListenerTls, UpstreamTls, parse_listener_tls, parse_upstream_tls
 
@@ -120,7 +120,7 @@ class ServerIdentity:
     name: str = "inference-gateway"
     version: str = ""  # empty: the package version
     # Triton extensions the gateway serves itself (listed in server metadata).
-    extensions: tuple[str, ...] = GATEWAY_EXTENSIONS
+    extensions: tuple[str, ...] = DEFAULT_EXTENSIONS
 
 
 @dataclass(frozen=True, slots=True)
@@ -938,7 +938,7 @@ def parse_config(data: Any, source: str = "<string>", base_dir: Path | None = No
 
     server_node = root.child("server", {})
     server = ServerIdentity(server_node.string("name", "inference-gateway"), server_node.string("version", ""),
-                            _extensions(server_node.child("extensions", list(GATEWAY_EXTENSIONS))))
+                            _extensions(server_node.child("extensions", list(DEFAULT_EXTENSIONS))))
     server_node.check_no_unknown_keys()
 
     admin_node = root.child("admin", {})

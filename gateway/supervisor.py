@@ -38,6 +38,7 @@ from types import FrameType
 from typing import Any
 
 from gateway.config import Address, GatewayConfig
+from gateway.extensions import SHM_REGISTRY_ENV
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +158,8 @@ class Supervisor:
             command += ["--config", self.config_path]
         if worker.restarts:
             command.append("--worker-restarted")
-        env = {**os.environ, MULTIPROC_ENV: str(self._run_dir / "metrics")}
+        env = {**os.environ, MULTIPROC_ENV: str(self._run_dir / "metrics"),
+               SHM_REGISTRY_ENV: str(self._run_dir / "shm")}  # shared-memory registrations, one set for all
         # Own process group: a terminal's Ctrl-C reaches the supervisor only,
         # which stops the workers in order.
         worker.proc = subprocess.Popen(command, env=env, process_group=0)

@@ -20,7 +20,7 @@ import tritonclient.http as httpclient
 from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
-from gateway.extensions import GATEWAY_EXTENSIONS
+from gateway.extensions import DEFAULT_EXTENSIONS
 from support import GatewayProcess, free_port, wait_for, write_config
 
 LABELS = [f"class-{i}" for i in range(16)]
@@ -318,12 +318,11 @@ def _refusals(client: Any) -> dict[str, Callable[[], Any]]:
     calls: dict[str, Callable[[], Any]] = {
         "load_model": lambda: client.load_model("simple"),
         "unload_model": lambda: client.unload_model("simple"),
+        # turned off unless the configuration names it (tests/test_triton_extensions_shm.py)
         "get_system_shared_memory_status": client.get_system_shared_memory_status,
         "register_system_shared_memory": lambda: client.register_system_shared_memory("r", "/key", 64),
         "unregister_system_shared_memory": client.unregister_system_shared_memory,
-        "get_cuda_shared_memory_status": client.get_cuda_shared_memory_status,
         "register_cuda_shared_memory": lambda: client.register_cuda_shared_memory("r", HANDLE, 0, 64),
-        "unregister_cuda_shared_memory": lambda: client.unregister_cuda_shared_memory("r"),
         "get_trace_settings": client.get_trace_settings,
         "update_trace_settings": lambda: client.update_trace_settings("simple", {"trace_rate": "1"}),
         "get_log_settings": client.get_log_settings,
@@ -374,6 +373,7 @@ def _served(module: Any, client: Any) -> set[str]:
         "statistics": lambda: client.get_inference_statistics("simple"),
         "model_configuration": lambda: client.get_model_config("simple"),
         "model_repository": client.get_model_repository_index,
+        "system_shared_memory": client.get_system_shared_memory_status,
         "classification": lambda: client.infer(
             "simple", _inputs(module, _simple(1)),
             outputs=[module.InferRequestedOutput("OUTPUT0", class_count=1)]).as_numpy("OUTPUT0").dtype == object,
@@ -394,9 +394,9 @@ def _answers(probe: Callable[[], Any], refused: str) -> bool:
 def test_advertised_extensions_are_the_served_ones(http: httpclient.InferenceServerClient,
                                                    grpc_client: grpcclient.InferenceServerClient) -> None:
     assert set(http.get_server_metadata()["extensions"]) == _served(httpclient, http) == {
-        *GATEWAY_EXTENSIONS, "binary_tensor_data"}
+        *DEFAULT_EXTENSIONS, "binary_tensor_data"}
     assert set(grpc_client.get_server_metadata().extensions) == _served(grpcclient, grpc_client) == set(
-        GATEWAY_EXTENSIONS)
+        DEFAULT_EXTENSIONS)
 
 
 def test_configured_identity_and_extensions(tmp_path: Path) -> None:

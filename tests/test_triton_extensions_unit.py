@@ -11,7 +11,7 @@ import pytest
 
 from gateway.confignode import ConfigError
 from gateway.errors import ErrorKind, GatewayError
-from gateway.extensions import GATEWAY_EXTENSIONS
+from gateway.extensions import DEFAULT_EXTENSIONS
 from gateway.extensions.classification import classify, requested, without_parameter
 from gateway.extensions.labels import ClassificationConfig
 from gateway.extensions.modelconfig import SYNTHESIZED_PARAMETER, UNKNOWN_MAX_BATCH_SIZE, batches, synthesize
@@ -182,7 +182,7 @@ routes: [{upstream: local}]
 
 
 def test_server_extensions_default_to_all_and_reject_unknown_names() -> None:
-    assert parse_yaml_config(BASE).server.extensions == GATEWAY_EXTENSIONS
+    assert parse_yaml_config(BASE).server.extensions == DEFAULT_EXTENSIONS
     config = parse_yaml_config(BASE + "server: {name: triton, extensions: [statistics]}")
     assert (config.server.name, config.server.extensions) == ("triton", ("statistics",))
     with pytest.raises(ConfigError) as info:

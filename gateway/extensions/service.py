@@ -43,6 +43,10 @@ class Extensions:
         if extension not in self.served:
             raise unsupported(turned_off(extension))
 
+    def refusal(self, extension: str) -> str | None:
+        """None when ``extension`` is served, else why not."""
+        return None if extension in self.served else turned_off(extension)
+
     # --- inference with classification --------------------------------------
 
     async def infer(self, request: InferRequest, ctx: RequestContext) -> InferResponse:

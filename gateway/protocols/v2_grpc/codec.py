@@ -29,6 +29,7 @@ from gateway.errors import (
     invalid,
     malformed,
 )
+from gateway.extensions import shm
 from gateway.limits import TensorBudget
 from gateway.protocols.v2_grpc import messages as pb
 from gateway.protocols.v2_grpc import rawwire
@@ -197,12 +198,15 @@ def decode_tensors(items: Any, raw_contents: Any, where: str, max_elements: int,
     budget = budget if budget is not None else TensorBudget.unlimited(max_elements)
     items = list(items)  # each walk of a protobuf repeated field makes its element wrappers anew
     raw = list(raw_contents)
+    # Inputs in a shared-memory region have no raw contents entry (tritonclient, Triton).
+    shared = [shm.REGION in item.parameters for item in items]
     if raw:
         # An empty contents message next to raw data is no mix (MLServer sends one).
         if any(item.HasField("contents") and item.contents.ListFields() for item in items):
             raise invalid(f"the message mixes raw_{where}_contents with typed {where} contents; use one form")
-        if len(raw) != len(items):
-            raise invalid(f"the message has {len(raw)} raw_{where}_contents entries for {len(items)} {where}s")
+        if len(raw) != shared.count(False):
+            raise invalid(f"the message has {len(raw)} raw_{where}_contents entries for "
+                          f"{shared.count(False)} {where}s")
     heads: list[tuple[str, str, str, tuple[int, ...], int]] = []
     for index, item in enumerate(items):
         name = item.name
@@ -213,9 +217,15 @@ def decode_tensors(items: Any, raw_contents: Any, where: str, max_elements: int,
         shape = tuple(item.shape)
         heads.append((name, label, datatype, shape, budget.claim(datatype, shape, label)))
     tensors = []
+    raw_index = 0
     for index, (item, (name, label, datatype, shape, count)) in enumerate(zip(items, heads, strict=True)):
-        if raw:
-            data = array_from_raw(memoryview(raw[index]), datatype, shape, count, label, budget)
+        if shared[index]:
+            if item.HasField("contents") and item.contents.ListFields():
+                raise invalid(f"{label}: has both '{shm.REGION}' and contents")
+            data = shm.placeholder(datatype)  # read from the region by the frontend (extensions/shm.py)
+        elif raw:
+            data = array_from_raw(memoryview(raw[raw_index]), datatype, shape, count, label, budget)
+            raw_index += 1
         elif item.HasField("contents"):
             data = _typed_array(item.contents, datatype, shape, count, label, budget)
         elif count == 0:
@@ -242,6 +252,10 @@ def encode_tensors(tensors: Iterable[Tensor], items: Any, typed: bool) -> list[A
     raw: list[Any] = []
     for tensor in tensors:
         item = items.add(name=tensor.name, datatype=tensor.datatype, shape=tensor.shape)
+        if shm.written(tensor):  # as Triton answers: no parameters, an empty raw entry
+            if not typed:
+                raw.append(b"")
+            continue
         parameters_to_proto(tensor.parameters, item.parameters)
         if typed:
             _fill_typed(tensor, item.contents)

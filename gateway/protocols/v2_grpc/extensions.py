@@ -17,6 +17,7 @@ from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from gateway.errors import ErrorKind, GatewayError
 from gateway.extensions import REFUSALS
 from gateway.extensions.repository import IndexEntry
+from gateway.extensions.shm import Region
 from gateway.extensions.statistics import Duration, ModelStatistics
 from gateway.protocols.v2_grpc import messages as pb
 
@@ -24,12 +25,7 @@ from gateway.protocols.v2_grpc import messages as pb
 REFUSED_RPCS: Mapping[str, str] = MappingProxyType({
     "RepositoryModelLoad": "model_repository(load)",
     "RepositoryModelUnload": "model_repository(load)",
-    "SystemSharedMemoryStatus": "system_shared_memory",
-    "SystemSharedMemoryRegister": "system_shared_memory",
-    "SystemSharedMemoryUnregister": "system_shared_memory",
-    "CudaSharedMemoryStatus": "cuda_shared_memory",
     "CudaSharedMemoryRegister": "cuda_shared_memory",
-    "CudaSharedMemoryUnregister": "cuda_shared_memory",
     "TraceSetting": "trace",
     "LogSettings": "logging",
     "ModelStreamInfer": "streaming",
@@ -121,3 +117,15 @@ def index_message(entries: list[IndexEntry]) -> Any:
 def index_from_message(reply: Any) -> list[str]:
     """Model names of an upstream's repository index."""
     return [model.name for model in reply.models if model.name]
+
+
+# --- shared memory ------------------------------------------------------------
+
+
+def system_status_message(regions: list[Region]) -> Any:
+    reply = pb.SystemSharedMemoryStatusResponse()
+    for region in regions:
+        status = reply.regions[region.name]
+        status.name, status.key, status.offset, status.byte_size = (region.name, region.key, region.offset,
+                                                                    region.byte_size)
+    return reply

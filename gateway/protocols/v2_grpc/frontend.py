@@ -26,9 +26,9 @@ from gateway.auth import Authenticator
 from gateway.budget import Reservation
 from gateway.confignode import Node
 from gateway.errors import ErrorKind, GatewayError, malformed, unsupported
-from gateway.extensions import MODEL_CONFIGURATION, MODEL_REPOSITORY, STATISTICS
+from gateway.extensions import MODEL_CONFIGURATION, MODEL_REPOSITORY, STATISTICS, SYSTEM_SHARED_MEMORY, shm
 from gateway.extensions.service import Extensions
-from gateway.limits import BYTES_ELEMENT_COST
+from gateway.limits import BYTES_ELEMENT_COST, TensorBudget
 from gateway.observe import (
     OUTCOME_CANCELLED,
     PASSTHROUGH_RENAMED,
@@ -350,8 +350,11 @@ class V2GrpcFrontend(Frontend):
         # A V2 gRPC upstream may get these very bytes (see passthrough).
         infer_request.raw = passthrough.request_payload(data, infer_request)
         self._adopt_message_id(ctx, infer_request.id)
+        regions = shm.plan(infer_request, self.extensions.refusal(SYSTEM_SHARED_MEMORY))
+        await shm.run_inputs(infer_request, regions, TensorBudget.of(limits), reservation.grow, offload)
         ctx.record.decode_seconds = time.perf_counter() - started
         response = await self.extensions.infer(infer_request, ctx)
+        await shm.run_outputs(response, regions, reservation.grow, offload)
         started = time.perf_counter()
         typed = self.options.output_contents == "typed"
         relayed = passthrough.reply_bytes(response, typed)
@@ -381,6 +384,27 @@ class V2GrpcFrontend(Frontend):
     async def _RepositoryIndex(self, request: Any, ctx: RequestContext) -> Any:
         self.extensions.require(MODEL_REPOSITORY)
         return extensions.index_message(await self.extensions.repository_index(ctx, request.ready))
+
+    async def _SystemSharedMemoryStatus(self, request: Any, ctx: RequestContext) -> Any:
+        self.extensions.require(SYSTEM_SHARED_MEMORY)
+        return extensions.system_status_message(shm.registry().status(request.name or None))
+
+    async def _SystemSharedMemoryRegister(self, request: Any, ctx: RequestContext) -> Any:
+        self.extensions.require(SYSTEM_SHARED_MEMORY)
+        shm.registry().register(request.name, request.key, request.offset, request.byte_size)
+        return pb.SystemSharedMemoryRegisterResponse()
+
+    async def _SystemSharedMemoryUnregister(self, request: Any, ctx: RequestContext) -> Any:
+        self.extensions.require(SYSTEM_SHARED_MEMORY)
+        shm.registry().unregister(request.name or None)
+        return pb.SystemSharedMemoryUnregisterResponse()
+
+    async def _CudaSharedMemoryStatus(self, request: Any, ctx: RequestContext) -> Any:
+        shm.cuda_status(request.name)
+        return pb.CudaSharedMemoryStatusResponse()
+
+    async def _CudaSharedMemoryUnregister(self, request: Any, ctx: RequestContext) -> Any:
+        return pb.CudaSharedMemoryUnregisterResponse()  # none is ever registered
 
 
 def _refuse(name: str) -> Callable[[Any, RequestContext], Awaitable[Any]]:

@@ -66,6 +66,11 @@ ModelConfigResponse = _message("ModelConfigResponse")
 ModelStatisticsResponse = _message("ModelStatisticsResponse")
 RepositoryIndexRequest = _message("RepositoryIndexRequest")
 RepositoryIndexResponse = _message("RepositoryIndexResponse")
+SystemSharedMemoryStatusResponse = _message("SystemSharedMemoryStatusResponse")
+SystemSharedMemoryRegisterResponse = _message("SystemSharedMemoryRegisterResponse")
+SystemSharedMemoryUnregisterResponse = _message("SystemSharedMemoryUnregisterResponse")
+CudaSharedMemoryStatusResponse = _message("CudaSharedMemoryStatusResponse")
+CudaSharedMemoryUnregisterResponse = _message("CudaSharedMemoryUnregisterResponse")
 
 _SERVICE_DESCRIPTOR = POOL.FindServiceByName(SERVICE)
 

@@ -20,6 +20,7 @@ import orjson
 
 from gateway import tensors
 from gateway.errors import ErrorKind, GatewayError, invalid, malformed
+from gateway.extensions import shm
 from gateway.jsontext import UnportableJson, python_loads
 from gateway.limits import TensorBudget, check_json_depth, count_bytes
 from gateway.protocols.v2_rest.errors import STATUS_OF_KIND, kind_of_upstream_status
@@ -187,12 +188,15 @@ def decode_tensors(items: Any, binary: memoryview, where: str, max_elements: int
             raise
         parameters = dict(_optional(item, "parameters", dict, label, {}))
         size = parameters.pop(BINARY_DATA_SIZE, None)
+        if shm.in_shared_memory(parameters) and (size is not None or "data" in item):
+            raise malformed(f"{label}: has both '{shm.REGION}' and "
+                            + ("'data'" if "data" in item else f"'{BINARY_DATA_SIZE}'"))
         if size is not None:
             if isinstance(size, bool) or not isinstance(size, int) or size < 0:
                 raise malformed(f"{label}: '{BINARY_DATA_SIZE}' must be a non-negative integer")
             if "data" in item:
                 raise malformed(f"{label}: has both 'data' and '{BINARY_DATA_SIZE}'")
-        elif "data" not in item:
+        elif "data" not in item and not shm.in_shared_memory(parameters):
             raise malformed(f"{label}: has neither 'data' nor '{BINARY_DATA_SIZE}'")
         heads.append((name, label, datatype, tuple(shape_list), count, parameters, size))
     tensors: list[Tensor] = []
@@ -204,6 +208,8 @@ def decode_tensors(items: Any, binary: memoryview, where: str, max_elements: int
                               f"({len(binary) - offset} bytes left)")
             data = array_from_raw(binary[offset:offset + size], datatype, shape, count, label, budget)
             offset += size
+        elif shm.in_shared_memory(parameters):
+            data = shm.placeholder(datatype)  # read from the region by the frontend (extensions/shm.py)
         else:
             data = array_from_json(item["data"], datatype, shape, count, label, budget)
         tensors.append(Tensor(name, datatype, shape, data, parameters))
@@ -311,7 +317,9 @@ def encode_tensors(tensors: Iterable[Tensor], binary_flags: Iterable[bool]) -> t
     heads: list[dict[str, Any]] = []
     chunks: list[Any] = []
     for tensor, as_binary in zip(tensors, binary_flags, strict=True):
-        if as_binary:
+        if shm.written(tensor):  # answered as Triton does: no data, no parameters
+            head = {"name": tensor.name, "datatype": tensor.datatype, "shape": list(tensor.shape)}
+        elif as_binary:
             raw = array_to_raw(tensor)
             head = _tensor_head(tensor, memoryview(raw).nbytes)
             chunks.append(raw)

@@ -2,9 +2,11 @@
 Triton's HTTP server answers with (what tritonclient.http parses).
 
 Served: statistics (``GET /v2/models[/{m}[/versions/{v}]]/stats``), model
-configuration (``GET .../config``) and the repository index (``POST
-/v2/repository/index``). Refused with 501 and a reason: model load/unload,
-shared memory, trace and log settings (see gateway.extensions.REFUSALS).
+configuration (``GET .../config``), the repository index (``POST
+/v2/repository/index``) and system shared memory (``/v2/systemsharedmemory``,
+when turned on). CUDA shared memory: status (none) and unregister answer,
+registering is refused. Refused with 501 and a reason: model load/unload,
+CUDA shared memory, trace and log settings (see gateway.extensions.REFUSALS).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import orjson
 from aiohttp import web
 
 from gateway.errors import malformed, unsupported
-from gateway.extensions import MODEL_CONFIGURATION, MODEL_REPOSITORY, REFUSALS, STATISTICS
+from gateway.extensions import MODEL_CONFIGURATION, MODEL_REPOSITORY, REFUSALS, STATISTICS, SYSTEM_SHARED_MEMORY, shm
 from gateway.extensions.repository import IndexEntry
 from gateway.extensions.service import Extensions
 from gateway.extensions.statistics import Duration, ModelStatistics
@@ -103,16 +105,23 @@ def add_routes(router: web.UrlDispatcher, frontend: Listener) -> None:
         router.add_get(prefix + "/stats", handlers.model_statistics)
         router.add_get(prefix + "/config", handlers.model_config)
     router.add_post("/v2/repository/index", handlers.repository_index)
+    for prefix in ("/v2/systemsharedmemory", "/v2/systemsharedmemory/region/{region}"):
+        router.add_get(prefix + "/status", handlers.system_shm_status)
+        router.add_post(prefix + "/unregister", handlers.system_shm_unregister)
+        router.add_get(prefix.replace("system", "cuda") + "/status", handlers.cuda_shm_status)
+        router.add_post(prefix.replace("system", "cuda") + "/unregister", handlers.cuda_shm_unregister)
+    router.add_post("/v2/systemsharedmemory/region/{region}/register", handlers.system_shm_register)
     refusals = {
         "/v2/repository/models/{model}/{action:load|unload}": "model_repository(load)",
-        "/v2/systemsharedmemory{tail:(/.*)?}": "system_shared_memory",
-        "/v2/cudasharedmemory{tail:(/.*)?}": "cuda_shared_memory",
+        "/v2/cudasharedmemory/region/{region}/register": "cuda_shared_memory",
         "/v2/trace/setting": "trace",
         "/v2/models/{model}/trace/setting": "trace",
         "/v2/logging": "logging",
     }
     for path, extension in refusals.items():
         router.add_route("*", path, refusal(REFUSALS[extension]))
+    for path in ("/v2/systemsharedmemory{tail:(/.*)?}", "/v2/cudasharedmemory{tail:(/.*)?}"):
+        router.add_route("*", path, handlers.unknown_shm_request)
 
 
 def refusal(reason: str) -> Handler:
@@ -142,3 +151,33 @@ class RestExtensionHandlers:
         self.extensions.require(MODEL_REPOSITORY)
         ready = parse_index_request(await self.frontend.read_body(request))
         return _json(index_json(await self.extensions.repository_index(self.frontend.context(request), ready)))
+
+    # --- shared memory (gateway/extensions/shm.py) -------------------------------
+
+    async def system_shm_status(self, request: web.Request) -> web.Response:
+        self.extensions.require(SYSTEM_SHARED_MEMORY)
+        return _json([region.status() for region in shm.registry().status(request.match_info.get("region"))])
+
+    async def system_shm_register(self, request: web.Request) -> web.Response:
+        self.extensions.require(SYSTEM_SHARED_MEMORY)
+        fields = load_json_object(await self.frontend.read_body(request), "the shared memory register request")
+        for required in ("key", "byte_size"):
+            if required not in fields:
+                raise malformed(f"Shared memory register request has no '{required}' field")
+        key, offset, byte_size = shm.register_request(fields["key"], fields.get("offset", 0), fields["byte_size"])
+        shm.registry().register(request.match_info["region"], key, offset, byte_size)
+        return web.Response()
+
+    async def system_shm_unregister(self, request: web.Request) -> web.Response:
+        self.extensions.require(SYSTEM_SHARED_MEMORY)
+        shm.registry().unregister(request.match_info.get("region"))
+        return web.Response()
+
+    async def cuda_shm_status(self, request: web.Request) -> web.Response:
+        return _json(shm.cuda_status(request.match_info.get("region", "")))
+
+    async def cuda_shm_unregister(self, request: web.Request) -> web.Response:
+        return web.Response()  # none is ever registered
+
+    async def unknown_shm_request(self, request: web.Request) -> web.Response:
+        raise malformed(f"not a shared memory request: {request.method} {request.path[:200]}")

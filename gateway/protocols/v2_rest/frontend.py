@@ -13,13 +13,13 @@ from aiohttp import web
 from gateway.budget import admit_json
 from gateway.confignode import Node
 from gateway.errors import ErrorKind, GatewayError
-from gateway.extensions import BINARY_TENSOR_DATA
+from gateway.extensions import BINARY_TENSOR_DATA, SYSTEM_SHARED_MEMORY, shm
 from gateway.extensions.service import Extensions
 from gateway.http.aiohttp_app import error_middleware, request_context
 from gateway.http.body import accepted_coding
 from gateway.http.exchange import Handler, HttpReply, HttpRequest, compress
 from gateway.http.frontend import HttpFrontend
-from gateway.limits import BYTES_ELEMENT_COST
+from gateway.limits import BYTES_ELEMENT_COST, TensorBudget
 from gateway.observe import PASSTHROUGH_RENAMED, REQUEST_ID_HEADER
 from gateway.protocols.upstream import reading_reply
 from gateway.protocols.v2_rest import codec, errors, extensions
@@ -143,6 +143,8 @@ class V2RestFrontend(HttpFrontend):
             len(body), codec.decode_infer_request, body, header_length, model, version,
             limits.max_tensor_elements, limits, keep_raw=_passthrough(route), depth_checked=True,
             charge=reservation.grow)
+        regions = shm.plan(infer_request, self.extensions.refusal(SYSTEM_SHARED_MEMORY))
+        await shm.run_inputs(infer_request, regions, TensorBudget.of(limits), reservation.grow, offload)
         ctx.record.decode_seconds = time.perf_counter() - started
         # From here the inputs (views of the body) and the client's bytes hold
         # the body: an upstream client may drop them once its own message
@@ -154,6 +156,7 @@ class V2RestFrontend(HttpFrontend):
             response = await self.extensions.infer(infer_request, ctx)
         finally:
             infer_request.handover = None  # it refers back to the request
+        await shm.run_outputs(response, regions, reservation.grow, offload)
         # Let them go (if still held) before the answer is built, so a big
         # request and its answer do not overlap. Not in place: a mirror may
         # still be reading the inputs.
