@@ -9,6 +9,7 @@ UM-Bridge -> V2 mapping. The codec's pure functions are checked at the end.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 
 import numpy as np
@@ -20,10 +21,14 @@ import tritonclient.http as httpclient
 import umbridge
 from tritonclient.utils import InferenceServerException
 
+from gateway.config import parse_address, parse_config
+from gateway.confignode import ConfigError, Node
 from gateway.errors import ErrorKind, GatewayError
 from gateway.protocols.v1_rest import upstream_codec as codec
-from gateway.protocols.v1_rest.upstream_options import COLUMNAR, ROW
-from gateway.types import InferRequest, Tensor, TensorSpec
+from gateway.protocols.v1_rest.backend import EXPLAIN_OPERATION, V1RestClient
+from gateway.protocols.v1_rest.upstream_options import COLUMNAR, ROW, V1UpstreamOptions
+from gateway.services import GatewayServices
+from gateway.types import ExtensionRequest, InferRequest, RawPayload, RequestContext, Tensor, TensorSpec
 from peers.kserve import KServePeer, kserve  # noqa: F401 - the session-wide KServe fixture
 from support import GatewayProcess, write_config
 
@@ -322,3 +327,66 @@ def test_decode_error_statuses() -> None:
     assert codec.decode_error(500, b'{"error": "boom"}', "u").kind is ErrorKind.UPSTREAM_BAD_RESPONSE
     assert codec.decode_error(503, b"", "u").kind is ErrorKind.UPSTREAM_UNAVAILABLE
     assert "boom" in codec.decode_error(500, b'{"error": "boom"}', "u").message
+
+
+# --- the upstream's keys ---------------------------------------------------------------------
+
+
+def _upstream_config(**keys: object) -> dict[str, object]:
+    return {"listeners": [{"name": "rest", "protocol": "v2-rest", "address": "127.0.0.1:0"}],
+            "upstreams": [{"name": "v1", "protocol": "v1-rest", "endpoints": ["127.0.0.1:1"], **keys}],
+            "routes": [{"match": {"model": "*"}, "upstream": "v1"}]}
+
+
+def test_upstream_keys() -> None:
+    parsed = parse_config(_upstream_config(
+        request_format="inputs", output_name="scores",
+        models={"m": {"inputs": [{"name": "x", "datatype": "INT32", "shape": [-1, 3]}],
+                      "request_format": "instances"}}))
+    options = parsed.upstreams[0].options
+    assert isinstance(options, V1UpstreamOptions)
+    assert (options.request_format, options.output_name, options.format_of("m"), options.format_of("n")) == (
+        "inputs", "scores", "instances", "inputs")
+    assert options.models["m"].inputs == (TensorSpec("x", "INT32", (-1, 3)),)
+
+
+@pytest.mark.parametrize(("keys", "problem"), [
+    ({"request_format": "rows"}, "request_format: must be one of"),
+    ({"models": {"m": {"inputs": [{"name": "x", "datatype": "FP99"}]}}}, "datatype: must be one of"),
+    ({"models": {"m": {"inputs": [{"name": "x", "shape": [-2]}]}}}, "shape: must be a list of integers"),
+    ({"models": {"m": {"outputs": [{"name": "y"}, {"name": "y"}]}}}, "names tensor 'y' twice"),
+    ({"models": {"m": {"input": []}}}, "input: unknown key"),
+    ({"health_path": "health"}, "health_path: must start with '/'"),
+])
+def test_upstream_key_errors(keys: dict[str, object], problem: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config(_upstream_config(**keys))
+    assert problem in str(info.value)
+
+
+# --- :explain, as a V1 listener asks it (call_extension) ------------------------------------------
+
+
+async def test_explain_is_forwarded(kserve: KServePeer) -> None:  # noqa: F811
+    parsed = parse_config(_upstream_config())
+    upstream = dataclasses.replace(parsed.upstreams[0], endpoints=(parse_address(Node(kserve.address, "", [])),))
+    client = V1RestClient(upstream, upstream.endpoints[0], GatewayServices(parsed, parsed.server))
+    await client.start()
+    try:
+        ctx = RequestContext("rest", "v2-rest")
+        assert EXPLAIN_OPERATION in client.extensions
+        request = InferRequest("labeller", inputs=[Tensor.from_numpy("x", np.array([[1, 2], [30, 4]]))])
+        answer = await client.call_extension(EXPLAIN_OPERATION, ExtensionRequest(request), ctx)
+        assert isinstance(answer, RawPayload)
+        assert orjson.loads(answer.body) == {"explanations": [{"total": 3, "threshold": 10},
+                                                               {"total": 34, "threshold": 10}]}
+        raw = RawPayload("v1-rest", b'{"instances": [[5, 6]]}')
+        forwarded = await client.call_extension(EXPLAIN_OPERATION, ExtensionRequest(
+            InferRequest("labeller", raw=raw)), ctx)
+        assert orjson.loads(forwarded.body) == {"explanations": [{"total": 11, "threshold": 10}]}
+        with pytest.raises(GatewayError) as info:  # no explainer: KServe's 501
+            await client.call_extension(EXPLAIN_OPERATION, ExtensionRequest(request.__class__(
+                "doubler", inputs=request.inputs)), ctx)
+        assert info.value.kind is ErrorKind.UNSUPPORTED
+    finally:
+        await client.close()

@@ -60,6 +60,10 @@ class Labeller(Ready):
         totals = [sum(_numbers(row)) for row in payload["instances"]]
         return {"predictions": [{"total": t, "label": "big" if t > 10 else "small"} for t in totals]}
 
+    async def explain(self, payload: dict[str, Any], headers: Any = None) -> dict[str, Any]:
+        """Why each label: its total against the threshold."""
+        return {"explanations": [{"total": sum(_numbers(row)), "threshold": 10} for row in payload["instances"]]}
+
 
 class Echo(Ready):
     """The instances back unchanged; ``parameters`` echoed too. UTF-8 text
