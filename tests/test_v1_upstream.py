@@ -10,7 +10,7 @@ UM-Bridge -> V2 mapping. The codec's pure functions are checked at the end.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import numpy as np
 import orjson
@@ -183,16 +183,19 @@ def test_bytes_travel_as_text_or_b64(http_client: httpclient.InferenceServerClie
 
 
 def test_what_the_v1_server_receives(gateway: GatewayProcess, kserve: KServePeer) -> None:  # noqa: F811
-    """The body as the V1 server reads it: the echo model answers its own
-    instances (so the gateway's encoding shows) and request parameters."""
+    """The body as the V1 server read it: one input's rows as plain values,
+    UTF-8 as text, other bytes as {"b64"}, request parameters without the
+    V2 client's wire ones."""
+    seen = len(kserve.echo_calls())
     body = {"inputs": [{"name": "s", "datatype": "BYTES", "shape": [2], "data": ["a\u00e9", "b"]}],
-            "parameters": {"tag": "t1"}}
+            "parameters": {"tag": "t1", "binary_data_output": False}}
     reply = requests.post(f"http://{gateway.url('rest')}/v2/models/echo/infer", json=body, timeout=30)
     assert reply.status_code == 200, reply.text
     assert reply.json()["outputs"][0]["data"] == ["a\u00e9", "b"]
-    direct = requests.post(f"http://{kserve.address}/v1/models/echo:predict", timeout=30,
-                           json={"instances": ["\u00ff", {"b64": "/w=="}], "parameters": {"tag": "t1"}})
-    assert direct.json() == {"predictions": ["\u00ff", {"b64": "/w=="}], "parameters_seen": {"tag": "t1"}}
+    items = np.array([b"\xff"], dtype=object)
+    _http_infer(httpclient.InferenceServerClient(gateway.url("rest")), "echo", {"s": items}, {"s": "BYTES"}, True)
+    assert kserve.echo_calls()[seen:] == [{"instances": ["a\u00e9", "b"], "parameters": {"tag": "t1"}},
+                                          {"instances": [{"b64": "/w=="}]}]
 
 
 # --- errors ---------------------------------------------------------------------------
@@ -367,26 +370,44 @@ def test_upstream_key_errors(keys: dict[str, object], problem: str) -> None:
 # --- :explain, as a V1 listener asks it (call_extension) ------------------------------------------
 
 
-async def test_explain_is_forwarded(kserve: KServePeer) -> None:  # noqa: F811
+@pytest.fixture
+async def v1_client(kserve: KServePeer) -> AsyncIterator[V1RestClient]:  # noqa: F811
+    """A V1RestClient of its own (no gateway) for the KServe peer."""
     parsed = parse_config(_upstream_config())
     upstream = dataclasses.replace(parsed.upstreams[0], endpoints=(parse_address(Node(kserve.address, "", [])),))
     client = V1RestClient(upstream, upstream.endpoints[0], GatewayServices(parsed, parsed.server))
     await client.start()
-    try:
-        ctx = RequestContext("rest", "v2-rest")
-        assert EXPLAIN_OPERATION in client.extensions
-        request = InferRequest("labeller", inputs=[Tensor.from_numpy("x", np.array([[1, 2], [30, 4]]))])
-        answer = await client.call_extension(EXPLAIN_OPERATION, ExtensionRequest(request), ctx)
-        assert isinstance(answer, RawPayload)
-        assert orjson.loads(answer.body) == {"explanations": [{"total": 3, "threshold": 10},
-                                                               {"total": 34, "threshold": 10}]}
-        raw = RawPayload("v1-rest", b'{"instances": [[5, 6]]}')
-        forwarded = await client.call_extension(EXPLAIN_OPERATION, ExtensionRequest(
-            InferRequest("labeller", raw=raw)), ctx)
-        assert orjson.loads(forwarded.body) == {"explanations": [{"total": 11, "threshold": 10}]}
-        with pytest.raises(GatewayError) as info:  # no explainer: KServe's 501
-            await client.call_extension(EXPLAIN_OPERATION, ExtensionRequest(request.__class__(
-                "doubler", inputs=request.inputs)), ctx)
-        assert info.value.kind is ErrorKind.UNSUPPORTED
-    finally:
-        await client.close()
+    yield client
+    await client.close()
+
+
+async def test_explain_is_forwarded(v1_client: V1RestClient) -> None:
+    ctx = RequestContext("rest", "v2-rest")
+    assert EXPLAIN_OPERATION in v1_client.extensions
+    request = InferRequest("labeller", inputs=[Tensor.from_numpy("x", np.array([[1, 2], [30, 4]]))])
+    answer = await v1_client.call_extension(EXPLAIN_OPERATION, ExtensionRequest(request), ctx)
+    assert isinstance(answer, RawPayload)
+    assert orjson.loads(answer.body) == {"explanations": [{"total": 3, "threshold": 10},
+                                                           {"total": 34, "threshold": 10}]}
+    raw = RawPayload("v1-rest", b'{"instances": [[5, 6]]}')
+    forwarded = await v1_client.call_extension(EXPLAIN_OPERATION, ExtensionRequest(
+        InferRequest("labeller", raw=raw)), ctx)
+    assert orjson.loads(forwarded.body) == {"explanations": [{"total": 11, "threshold": 10}]}
+    with pytest.raises(GatewayError) as info:  # no explainer: KServe's 501
+        await v1_client.call_extension(EXPLAIN_OPERATION, ExtensionRequest(
+            InferRequest("doubler", inputs=request.inputs)), ctx)
+    assert info.value.kind is ErrorKind.UNSUPPORTED
+
+
+async def test_a_v1_clients_body_goes_unchanged(v1_client: V1RestClient) -> None:
+    """Its answer comes back as bytes beside the tensors, or alone when it
+    is valid V1 but no V2 tensor (ragged rows)."""
+    ctx = RequestContext("v1", "v1-rest")
+    body = b'{"instances": [[1, 2], [3, 4]]}'
+    response = await v1_client.infer(InferRequest("doubler", raw=RawPayload("v1-rest", body)), ctx)
+    assert response.raw is not None and orjson.loads(response.raw.body) == {"predictions": [[2, 4], [6, 8]]}
+    np.testing.assert_array_equal(response.outputs[0].data, [[2, 4], [6, 8]])
+    ragged = await v1_client.infer(InferRequest("echo", raw=RawPayload("v1-rest", b'{"instances": [[1], [2, 3]]}')),
+                                   ctx)
+    assert ragged.outputs == [] and ragged.raw is not None
+    assert orjson.loads(ragged.raw.body) == {"predictions": [[1], [2, 3]]}

@@ -13,6 +13,7 @@ here) and runs ``kserve_models/serve.py`` as a separate process on a free
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import shutil
 import signal
@@ -22,6 +23,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -85,6 +87,11 @@ class KServePeer:
         path = self.workdir / "kserve.log"
         return path.read_text(errors="replace")[-5000:] if path.exists() else ""
 
+    def echo_calls(self) -> list[dict[str, Any]]:
+        """The bodies the ``echo`` model received, oldest first."""
+        path = self.workdir / "echo-calls.jsonl"
+        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
     def start(self, timeout: float = 120.0) -> KServePeer:
         python = ensure_venv()
         self.http_port = free_port()
@@ -92,6 +99,7 @@ class KServePeer:
             # Own session: stop() ends the group it leads, helpers included.
             self.proc = subprocess.Popen([str(python), "serve.py", "--http_port", str(self.http_port)],
                                          cwd=MODELS_DIR, stdout=log, stderr=subprocess.STDOUT,
+                                         env={**os.environ, "KSERVE_CALLS": str(self.workdir / "echo-calls.jsonl")},
                                          start_new_session=True)
 
         def ready() -> bool:

@@ -11,7 +11,9 @@ from the upstream's ``models`` option (docs/v1-rest.md).
 Pass-through (``passthrough: true``, the default): a request that came from
 a V1 client carries its body (:class:`~gateway.types.RawPayload`); those
 bytes go upstream unchanged, and the answer's bytes come back beside its
-decoded outputs (decoded anyway: a broken answer is never relayed).
+decoded outputs. Such an answer must be a JSON object (else 502); one
+that is valid V1 but no V2 tensors (ragged predictions, say) comes back
+as its bytes alone, for the V1 listener to relay.
 
 ``EXPLAIN_OPERATION`` (``call_extension``) forwards ``:explain`` and
 answers the server's JSON as a RawPayload.
@@ -110,10 +112,17 @@ class V1RestClient(UpstreamClient):
         if reply.status != 200:
             raise self._error(reply)
         model = self.options.model(request.model_name)
-        with reading_reply(self.label):
-            outputs = await self.services.offload.run(
-                len(reply.body), codec.decode_answer, reply.body, model.outputs if model else (),
-                self.options.output_name, self.services.config.limits.max_tensor_elements)
+        try:
+            with reading_reply(self.label):
+                outputs = await self.services.offload.run(
+                    len(reply.body), codec.decode_answer, reply.body, model.outputs if model else (),
+                    self.options.output_name, self.services.config.limits.max_tensor_elements)
+        except GatewayError as error:
+            if not forwarded or error.kind is not ErrorKind.UPSTREAM_BAD_RESPONSE:
+                raise
+            with reading_reply(self.label):
+                await self.services.offload.run(len(reply.body), codec.load_answer, reply.body)
+            outputs = []  # a V1 answer for a V1 client, though no V2 tensors: relayed as it is
         response = InferResponse(request.model_name, request.model_version, request.id, outputs)
         if forwarded:
             response.raw = RawPayload(PROTOCOL, reply.body, codec.JSON_TYPE)

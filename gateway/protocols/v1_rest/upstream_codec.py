@@ -6,7 +6,8 @@ give one ``{input_name: value}`` object per row. Columnar form
 (``inputs``): one input's whole value, or ``{input_name: value}``. BYTES
 elements travel as JSON strings when they are UTF-8, else as
 ``{"b64": "..."}``; BF16 as numbers; non-finite floats as null (JSON has
-no NaN). Request parameters travel as ``parameters``.
+no NaN). Request parameters travel as ``parameters``, less those that
+only describe a V2 client's wire (``binary_data_output``).
 
 Answers: ``predictions`` (row) or ``outputs`` (columnar). Row predictions
 are stacked along a new first dimension; when every prediction is an
@@ -36,6 +37,8 @@ from gateway.types import InferRequest, Tensor, TensorSpec, element_count
 JSON_TYPE = "application/json"
 B64_KEY = "b64"
 ROW_ANSWER, COLUMNAR_ANSWER = "predictions", "outputs"
+# Request parameters about how a V2 REST client's answer is encoded: no V1 server's business.
+_WIRE_PARAMETERS = frozenset({"binary_data_output"})
 
 
 # --- requests ------------------------------------------------------------------
@@ -85,8 +88,9 @@ def encode_request(request: InferRequest, request_format: str) -> bytes:
         body[ROW] = next(iter(values.values()))
     else:
         body[ROW] = [{name: value[i] for name, value in values.items()} for i in range(rows)]
-    if request.parameters:
-        body["parameters"] = request.parameters
+    parameters = {k: v for k, v in request.parameters.items() if k not in _WIRE_PARAMETERS}
+    if parameters:
+        body["parameters"] = parameters
     return orjson.dumps(body)
 
 

@@ -5,6 +5,8 @@ where said, TF Serving's columnar ``inputs``."""
 from __future__ import annotations
 
 import base64
+import json
+import os
 from typing import Any
 
 from kserve import Model
@@ -66,19 +68,23 @@ class Labeller(Ready):
 
 
 class Echo(Ready):
-    """The instances back unchanged; ``parameters`` echoed too. UTF-8 text
-    and {"b64"} objects are both kept as they came; the model also checks
-    each {"b64"} is real base64 (400 otherwise)."""
+    """The instances back unchanged (UTF-8 text and {"b64"} objects as they
+    came; a {"b64"} that is no base64 is a 400). Each body it receives is
+    appended as one JSON line to the file $KSERVE_CALLS names, for tests."""
 
     async def predict(self, payload: dict[str, Any], headers: Any = None) -> dict[str, Any]:
+        calls = os.environ.get("KSERVE_CALLS")
+        if calls:
+            with open(calls, "a") as log:
+                log.write(json.dumps(payload) + "\n")
         rows = payload["instances"]
         for row in rows:
             if isinstance(row, dict) and "b64" in row:
-                base64.b64decode(row["b64"], validate=True)
-        answer: dict[str, Any] = {"predictions": rows}
-        if payload.get("parameters"):
-            answer["parameters_seen"] = payload["parameters"]
-        return answer
+                try:
+                    base64.b64decode(row["b64"], validate=True)
+                except ValueError as exc:
+                    raise InvalidInput("not base64") from exc
+        return {"predictions": rows}
 
 
 class Broken(Ready):
