@@ -21,7 +21,7 @@ answers the server's JSON as a RawPayload.
 
 from __future__ import annotations
 
-import logging
+import sys
 from typing import Any
 from urllib.parse import quote
 
@@ -35,16 +35,34 @@ from gateway.protocols.upstream import reading_reply, response_limit
 from gateway.protocols.v1_rest import upstream_codec as codec
 from gateway.protocols.v1_rest.upstream_options import V1UpstreamOptions, parse_upstream_options
 from gateway.tls import http_client_tls
-from gateway.types import ExtensionRequest, InferRequest, InferResponse, ModelMetadata, RawPayload, RequestContext
+from gateway.types import (
+    ExtensionRequest,
+    InferRequest,
+    InferResponse,
+    ModelMetadata,
+    RawPayload,
+    RequestContext,
+    Tensor,
+)
 from gateway.upstream_http import HttpReply, UpstreamHttp
 
-log = logging.getLogger(__name__)
 PROTOCOL = "v1-rest"
 PLATFORM = "v1-rest"
 # call_extension's operation for a V1 ``:explain`` (ExtensionRequest whose
 # request is the routed InferRequest; answers a RawPayload of the JSON).
 EXPLAIN_OPERATION = "v1_explain"
 _TF_SERVING_AVAILABLE = "AVAILABLE"
+_MEASURED_BYTES_ELEMENTS = 256
+
+
+def _encoded_size(tensor: Tensor) -> int:
+    """Bytes a tensor's encoding works on, to decide whether to offload it:
+    BYTES elements are measured only when few (measuring is a loop itself)."""
+    if tensor.datatype != "BYTES":
+        return int(tensor.data.nbytes)
+    if tensor.data.size <= _MEASURED_BYTES_ELEMENTS:
+        return sum(len(item) for item in tensor.data.reshape(-1))
+    return sys.maxsize
 
 
 class V1RestClient(UpstreamClient):
@@ -100,7 +118,7 @@ class V1RestClient(UpstreamClient):
         raw = self._forwardable(request)
         if raw is not None:
             return raw.body
-        size = sum(int(t.data.nbytes) for t in request.inputs)
+        size = sum(_encoded_size(t) for t in request.inputs)
         return await self.services.offload.run(size, codec.encode_request, request,
                                                self.options.format_of(request.model_name))
 
