@@ -19,6 +19,7 @@ import requests
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 import umbridge
+from aiohttp import web
 from tritonclient.utils import InferenceServerException
 
 from gateway.config import parse_address, parse_config
@@ -411,3 +412,49 @@ async def test_a_v1_clients_body_goes_unchanged(v1_client: V1RestClient) -> None
                                    ctx)
     assert ragged.outputs == [] and ragged.raw is not None
     assert orjson.loads(ragged.raw.body) == {"predictions": [[1], [2, 3]]}
+
+
+# --- TF Serving's forms (a stand-in: TF Serving itself needs TensorFlow) ----------------------------
+
+
+async def test_tf_serving_versions_and_status() -> None:
+    """Versioned paths, ``model_version_status`` as readiness, columnar
+    ``outputs``; TF Serving has no ``GET /``, hence ``health_path``."""
+    seen: list[tuple[str, str, bytes]] = []
+
+    async def status(request: web.Request) -> web.Response:
+        seen.append((request.method, request.path, b""))
+        state = "AVAILABLE" if request.match_info["version"] == "2" else "LOADING"
+        return web.json_response({"model_version_status": [{"version": request.match_info["version"],
+                                                            "state": state}]})
+
+    async def predict(request: web.Request) -> web.Response:
+        body = await request.read()
+        seen.append((request.method, request.path, body))
+        return web.json_response({"outputs": [x / 2 + 2 for x in orjson.loads(body)["inputs"]]})
+
+    app = web.Application()
+    app.router.add_get("/v1/models/half/versions/{version}", status)
+    app.router.add_post("/v1/models/half/versions/{version}:predict", predict)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    parsed = parse_config(_upstream_config(request_format="inputs", health_path="/v1/models/half/versions/2"))
+    upstream = dataclasses.replace(parsed.upstreams[0], endpoints=(parse_address(Node(f"127.0.0.1:{port}", "", [])),))
+    client = V1RestClient(upstream, upstream.endpoints[0], GatewayServices(parsed, parsed.server))
+    await client.start()
+    try:
+        ctx = RequestContext("rest", "v2-rest")
+        assert await client.model_ready("half", "2", ctx)
+        assert not await client.model_ready("half", "1", ctx)
+        assert await client.server_ready(ctx)
+        request = InferRequest("half", "2", inputs=[Tensor.from_numpy("x", np.array([1.0, 2.0, 5.0]))])
+        [out] = (await client.infer(request, ctx)).outputs
+        assert (out.name, out.datatype) == ("predictions", "FP64")
+        np.testing.assert_array_equal(out.data, [2.5, 3.0, 4.5])
+        assert seen[-1] == ("POST", "/v1/models/half/versions/2:predict", b'{"inputs":[1.0,2.0,5.0]}')
+    finally:
+        await client.close()
+        await runner.cleanup()
