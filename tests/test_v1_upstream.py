@@ -307,6 +307,8 @@ def test_decode_datatypes() -> None:
     assert [(t.name, t.datatype, t.shape) for t in named] == [("p", "FP64", (1, 1)), ("q", "INT64", (1,))]
     [empty] = _decode({"predictions": []})
     assert empty.shape == (0,)
+    [literals] = codec.decode_answer(b'{"predictions": [NaN, -Infinity, 1]}', (), "predictions", MAX_ELEMENTS)
+    assert literals.datatype == "FP64" and np.isnan(literals.data[0]) and literals.data[1] == -np.inf
 
 
 @pytest.mark.parametrize("answer", [

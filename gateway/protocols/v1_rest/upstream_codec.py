@@ -13,8 +13,9 @@ Answers: ``predictions`` (row) or ``outputs`` (columnar). Row predictions
 are stacked along a new first dimension; when every prediction is an
 object, each key becomes its own output. Datatypes come from the model's
 declared outputs (upstream options); otherwise from the JSON: booleans
-BOOL, integers INT64 (UINT64 past its range), any fraction FP64, strings
-and ``{"b64"}`` objects BYTES. Ragged or mixed answers are the upstream's
+BOOL, integers INT64 (past its range: UINT64 or FP64, as numpy reads
+them), any fraction or null or NaN FP64, strings and ``{"b64"}`` objects
+BYTES. Ragged or mixed answers are the upstream's
 fault (UPSTREAM_BAD_RESPONSE, the caller's ``reading_reply``).
 """
 
@@ -29,6 +30,7 @@ import numpy as np
 import orjson
 
 from gateway.errors import GatewayError, invalid, malformed
+from gateway.jsontext import python_loads
 from gateway.protocols.v1_rest.errors import kind_of_upstream_status
 from gateway.protocols.v1_rest.upstream_options import COLUMNAR, ROW
 from gateway.tensors import array_from_json, bf16_to_float
@@ -98,13 +100,26 @@ def encode_request(request: InferRequest, request_format: str) -> bytes:
 
 
 def load_answer(data: bytes | bytearray, what: str = "the answer") -> dict[str, Any]:
+    """A JSON object; TF Serving's ``NaN``/``Infinity`` literals (which
+    orjson refuses) are read by Python's json."""
     try:
         obj = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
-        raise malformed(f"{what} is not valid JSON: {exc.msg} at position {exc.pos}") from None
+        obj = _with_nonfinite_literals(data)
+        if obj is None:
+            raise malformed(f"{what} is not valid JSON: {exc.msg} at position {exc.pos}") from None
     if not isinstance(obj, dict):
         raise malformed(f"{what} must be a JSON object")
     return obj
+
+
+def _with_nonfinite_literals(data: bytes | bytearray) -> Any:
+    if b"NaN" not in data and b"Infinity" not in data:
+        return None
+    try:
+        return python_loads(bytes(data).decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):  # UnportableJson is a ValueError
+        return None
 
 
 def _inferred_datatype(array: np.ndarray, where: str) -> str:
