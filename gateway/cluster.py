@@ -77,6 +77,11 @@ class Endpoint:
         self._checks_passed = 0
         self._checks_failed = 0
 
+    def take_health_of(self, old: Endpoint) -> None:
+        """Carry the verdicts over to a new client of the same address."""
+        self.healthy, self.consecutive_failures = old.healthy, old.consecutive_failures
+        self.ejected_until, self.ejections, self.readmitted_at = old.ejected_until, old.ejections, old.readmitted_at
+
     def ejected(self, now: float) -> bool:
         return self.ejected_until is not None and now < self.ejected_until
 
@@ -199,13 +204,14 @@ class Cluster:
 
     # --- DNS discovery ----------------------------------------------------------
 
-    def _endpoint(self, watch: NameWatch, ip: str) -> Endpoint:
+    def _endpoint(self, watch: NameWatch, ip: str, announce: bool = True) -> Endpoint:
         """A new, not yet started endpoint for one address of ``watch``'s name."""
         address = Address(ip, watch.address.port, watch.address.host)
         label = str(address)
         client = self._client_factory(self.config, address, self._services)
         endpoint = Endpoint(client, label, self.counters.endpoint(self.name, label), watch, ip, self._clock())
-        self.counters.emit(Event("endpoint_added", self.name, label))
+        if announce:
+            self.counters.emit(Event("endpoint_added", self.name, label))
         return endpoint
 
     def _dns_failed(self, watch: NameWatch) -> None:
@@ -214,11 +220,14 @@ class Cluster:
     async def _discovery_loop(self) -> None:
         while True:
             await asyncio.sleep(self.config.dns.refresh * self._rng.uniform(0.9, 1.1))
-            results = await asyncio.gather(*(self._rediscover(watch) for watch in self._watches),
-                                           return_exceptions=True)
-            for result in results:
-                if isinstance(result, Exception):  # a client that would not start: tried again next time
-                    log.warning("upstream %s: DNS discovery step failed: %r", self.name, result)
+            await self.rediscover()
+
+    async def rediscover(self) -> None:
+        """Resolve every name once and bring the endpoints in line."""
+        results = await asyncio.gather(*(self._rediscover(watch) for watch in self._watches), return_exceptions=True)
+        for result in results:
+            if isinstance(result, Exception):  # a client that would not start: tried again next time
+                log.warning("upstream %s: DNS discovery step failed: %r", self.name, result)
 
     async def _rediscover(self, watch: NameWatch) -> None:
         """Resolve ``watch``'s name once and bring its endpoints in line."""
@@ -233,9 +242,8 @@ class Cluster:
         if len(watch.addresses) == 1 and not fresh and reconnect and current:
             old = current[0]
             if self._clock() - old.created >= reconnect:  # new connections to the same (virtual) address
-                renewed = self._endpoint(watch, watch.addresses[0])
-                renewed.healthy, renewed.ejected_until, renewed.ejections = old.healthy, old.ejected_until, old.ejections
-                renewed.readmitted_at, renewed.consecutive_failures = old.readmitted_at, old.consecutive_failures
+                renewed = self._endpoint(watch, watch.addresses[0], announce=False)
+                renewed.take_health_of(old)
                 fresh.append(renewed)
                 gone.append(old)
         if not fresh and not gone:

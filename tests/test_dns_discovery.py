@@ -12,11 +12,14 @@ The DNS message code has unit tests at the end.
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import json
 import socket
 import struct
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,10 +27,13 @@ from typing import Any
 import pytest
 import requests
 
-from gateway import dnsclient
-from gateway.config import Address
+from gateway import discovery, dnsclient
+from gateway.cluster import Cluster
+from gateway.config import Address, DnsDiscovery, HealthCheck, LoadBalancing, UpstreamConfig
 from gateway.confignode import ConfigError
+from gateway.counters import Counters, Event
 from peers.echo_gateway import upstream_state
+from peers.fake_upstream import FakeFleet
 from support import (
     REPO,
     SIMPLE_INFER_REQUEST,
@@ -325,3 +331,132 @@ def test_a_compression_loop_is_refused() -> None:
     looping = b"\x00" * 12 + b"\xc0\x0c"  # a name pointing at itself
     with pytest.raises(dnsclient.DnsError, match="loop"):
         dnsclient.read_name(looping, 12)
+
+
+# --- the cluster's endpoint set, over fake clients ----------------------------------
+
+
+class Answers:
+    """Stands in for the resolver: what ``models.test`` resolves to now."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, *addresses: str) -> None:
+        self.addresses: list[str] | None = list(addresses)  # None: the resolution fails
+        monkeypatch.setattr(discovery, "resolve", self.resolve)
+
+    async def resolve(self, name: str, port: int, dns: DnsDiscovery) -> list[str]:
+        if self.addresses is None:
+            raise OSError("no nameserver")
+        return sorted(self.addresses)
+
+
+def discovered(clock: Any = None, **changes: Any) -> tuple[Cluster, FakeFleet, list[Event]]:
+    events: list[Event] = []
+    counters = Counters()
+    counters.subscribe(events.append)
+    fleet = FakeFleet()
+    config = dataclasses.replace(UpstreamConfig("u", "fake", (Address(NAME, 8000),)), **changes)
+    return Cluster(config, None, counters, client_factory=fleet, clock=clock or time.monotonic), fleet, events
+
+
+def labels(c: Cluster) -> list[str]:
+    return sorted(e.address for e in c.endpoints)
+
+
+async def test_a_gone_address_drains_and_its_client_closes_after_the_last_request(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    answers = Answers(monkeypatch, "10.0.0.1", "10.0.0.2")
+    c, fleet, events = discovered()
+    await c.start()
+    assert labels(c) == ["10.0.0.1:8000", "10.0.0.2:8000"]
+    assert fleet["u/10.0.0.1:8000"].endpoint == Address("10.0.0.1", 8000, NAME)  # presents the name
+    assert not fleet[f"u/{NAME}:8000"].started  # the name itself was replaced before it started
+    lease = c.try_acquire()
+    assert lease is not None and lease.endpoint.address == "10.0.0.1:8000"
+    answers.addresses = ["10.0.0.2", "10.0.0.3"]
+    await c.rediscover()
+    assert labels(c) == ["10.0.0.2:8000", "10.0.0.3:8000"]
+    assert fleet["u/10.0.0.3:8000"].started
+    old = fleet["u/10.0.0.1:8000"]
+    assert not old.closed  # a request is still in flight on it
+    lease.release(None)
+    await asyncio.sleep(0)
+    assert old.closed
+    assert [(e.name, e.endpoint) for e in events if e.name.startswith("endpoint_")][-2:] == [
+        ("endpoint_added", "10.0.0.3:8000"), ("endpoint_removed", "10.0.0.1:8000")]
+    await c.close()
+    assert all(client.closed for client in fleet.made if client.started)
+
+
+async def test_a_failed_resolution_keeps_the_addresses_and_is_counted(monkeypatch: pytest.MonkeyPatch) -> None:
+    answers = Answers(monkeypatch, "10.0.0.1", "10.0.0.2")
+    c, _, events = discovered()
+    await c.start()
+    answers.addresses = None
+    await c.rediscover()
+    assert labels(c) == ["10.0.0.1:8000", "10.0.0.2:8000"]
+    assert [e.endpoint for e in events if e.name == "dns_failure"] == [NAME]
+    assert c.snapshot()["dns"] == [{"name": NAME, "addresses": ["10.0.0.1", "10.0.0.2"], "failures_total": 1}]
+    await c.close()
+
+
+async def test_a_single_address_is_reconnected_periodically_keeping_its_state(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    Answers(monkeypatch, "10.0.0.1")
+    now = [1000.0]
+    c, _, _ = discovered(clock=lambda: now[0], dns=DnsDiscovery(reconnect=30.0))
+    await c.start()
+    first = c.endpoints[0]
+    first.ejections = 2
+    await c.rediscover()
+    assert c.endpoints == [first]  # not yet
+    now[0] += 31
+    await c.rediscover()
+    (second,) = c.endpoints
+    assert second is not first and second.address == first.address and second.ejections == 2
+    assert second.client.started and first.client.closed  # type: ignore[attr-defined]
+    await c.close()
+
+
+async def test_new_addresses_are_health_checked_before_they_take_traffic(monkeypatch: pytest.MonkeyPatch) -> None:
+    answers = Answers(monkeypatch, "10.0.0.1")
+    made_unready = FakeFleet()
+
+    def factory(upstream: Any, endpoint: Any, services: Any) -> Any:
+        client = made_unready(upstream, endpoint, services)
+        client.ready = endpoint.host != "10.0.0.2"
+        return client
+
+    c, _, _ = discovered(health_check=HealthCheck(interval=60.0))
+    c._client_factory = factory
+    await c.start()
+    answers.addresses = ["10.0.0.1", "10.0.0.2"]
+    await c.rediscover()
+    state = {e.address: e.healthy for e in c.endpoints}
+    assert state == {"10.0.0.1:8000": True, "10.0.0.2:8000": False}
+    await c.close()
+
+
+async def test_consistent_hash_spreads_over_discovered_addresses(monkeypatch: pytest.MonkeyPatch) -> None:
+    answers = Answers(monkeypatch, "10.0.0.1")
+    c, _, _ = discovered(load_balancing=LoadBalancing("consistent_hash", "x-session"))
+    await c.start()
+    answers.addresses = ["10.0.0.1", "10.0.0.2", "10.0.0.3"]
+    await c.rediscover()
+    chosen = set()
+    for key in range(60):
+        lease = c.try_acquire(f"session-{key}")
+        assert lease is not None
+        chosen.add(lease.endpoint.address)
+        lease.release(None)
+    assert chosen == {"10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"}
+    await c.close()
+
+
+def test_a_discovered_http_client_presents_the_name() -> None:
+    from gateway.tls import HttpClientTls
+    from gateway.upstream_http import UpstreamHttp
+
+    pool = UpstreamHttp(Address("127.0.0.2", 8000, NAME), HttpClientTls(), "u", max_response=1 << 20)
+    assert f"Host: {NAME}:8000\r\n" in pool._fixed_head
+    plain = UpstreamHttp(Address("127.0.0.2", 8000), HttpClientTls(), "u", max_response=1 << 20)
+    assert "Host: 127.0.0.2:8000\r\n" in plain._fixed_head

@@ -18,7 +18,7 @@ from pathlib import Path
 
 
 def answer(query: bytes, records: dict[str, list[str]]) -> bytes:
-    query_id, flags, questions = struct.unpack_from("!HHH", query)
+    query_id, flags = struct.unpack_from("!HH", query)
     labels, offset = [], 12
     while query[offset]:
         length = query[offset]
