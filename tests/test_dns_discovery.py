@@ -154,7 +154,7 @@ upstreams:
   - {{name: via-rest, protocol: v2-rest, endpoints: ["{NAME}:{backends.rest_port}"], {discovery}{health}}}
   - {{name: via-grpc, protocol: v2-grpc, endpoints: ["{NAME}:{backends.grpc_port}"], {discovery}{health}}}
 routes:
-  - match: {{headers: {{x-upstream: grpc}}}}
+  - match: {{headers: {{x-upstream: via-grpc}}}}
     upstream: via-grpc
     retry: {{attempts: 3, retry_on: [connect-failure, reset], backoff: 5ms}}
   - match: {{model: "*"}}
@@ -165,11 +165,14 @@ routes:
 
 
 def infer(gw: GatewayProcess, upstream: str, count: int) -> None:
+    """``count`` requests through ``upstream`` (checked: its attempts grow by as many)."""
+    before = upstream_state(gw, upstream)["counters"]["requests_total"]
     with requests.Session() as session:
         for _ in range(count):
             reply = session.post(f"http://{gw.url()}/v2/models/simple/infer", json=SIMPLE_INFER_REQUEST,
                                  headers={"x-upstream": upstream}, timeout=10)
             assert reply.status_code == 200, reply.text
+    assert upstream_state(gw, upstream)["counters"]["requests_total"] >= before + count
 
 
 def endpoints(gw: GatewayProcess, upstream: str) -> dict[str, Any]:
@@ -460,3 +463,52 @@ def test_a_discovered_http_client_presents_the_name() -> None:
     assert f"Host: {NAME}:8000\r\n" in pool._fixed_head
     plain = UpstreamHttp(Address("127.0.0.2", 8000), HttpClientTls(), "u", max_response=1 << 20)
     assert "Host: 127.0.0.2:8000\r\n" in plain._fixed_head
+
+
+def test_tls_to_discovered_addresses_checks_the_name_not_the_ip(dns: DnsServer, tmp_path: Path) -> None:
+    """The servers' certificate names only models.test, as a Service's would:
+    a client that checked the pod IP would refuse it."""
+    import trustme
+
+    ca = trustme.CA()
+    server = ca.issue_cert(NAME)
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    server.cert_chain_pems[0].write_to_path(str(tmp_path / "server.pem"))
+    server.private_key_pem.write_to_path(str(tmp_path / "server.key"))
+    hosts = HOSTS[:2]
+    rest_port, grpc_port = common_port(hosts), common_port(hosts)
+    servers = []
+    tls = "tls: {cert: server.pem, key: server.key}"
+    try:
+        for host in hosts:
+            config = f"""
+admin: {{address: "127.0.0.1:0"}}
+listeners:
+  - {{name: rest, protocol: v2-rest, address: "{host}:{rest_port}", {tls}}}
+  - {{name: grpc, protocol: v2-grpc, address: "{host}:{grpc_port}", {tls}}}
+upstreams: [{{name: local, protocol: builtin}}]
+routes: [{{match: {{model: "*"}}, upstream: local}}]
+"""
+            servers.append(GatewayProcess(write_config(tmp_path, config, f"{host}.yaml"), tmp_path / f"{host}.log"))
+            servers[-1].start()
+        dns.answer(list(hosts))
+        discovery = f'dns: {{nameservers: ["127.0.0.1:{dns.port}"]}}, tls: {{ca: ca.pem}}'
+        config = f"""
+admin: {{address: "127.0.0.1:0"}}
+listeners: [{{name: rest, protocol: v2-rest, address: "127.0.0.1:0"}}]
+upstreams:
+  - {{name: via-rest, protocol: v2-rest, endpoints: ["{NAME}:{rest_port}"], {discovery}}}
+  - {{name: via-grpc, protocol: v2-grpc, endpoints: ["{NAME}:{grpc_port}"], {discovery}}}
+routes:
+  - {{match: {{headers: {{x-upstream: via-grpc}}}}, upstream: via-grpc}}
+  - {{match: {{model: "*"}}, upstream: via-rest}}
+"""
+        with GatewayProcess(write_config(tmp_path, config, "front.yaml"), tmp_path / "front.log") as gw:
+            for upstream in ("via-rest", "via-grpc"):
+                infer(gw, upstream, 6)
+                state = endpoints(gw, upstream)
+                assert all(e["counters"]["requests_total"] >= 3 for e in state.values()), upstream_state(gw, upstream)
+                assert len(endpoints(gw, upstream)) == 2
+    finally:
+        for process in servers:
+            process.stop()
