@@ -248,10 +248,14 @@ class Cluster:
                 gone.append(old)
         if not fresh and not gone:
             return
-        for endpoint in fresh:
-            await endpoint.client.start()
-            if self.config.health_check is not None and endpoint.resolved not in have:
-                await self._check(endpoint, first=True)  # checked before it takes traffic
+        try:
+            for endpoint in fresh:
+                await endpoint.client.start()
+                if self.config.health_check is not None and endpoint.resolved not in have:
+                    await self._check(endpoint, first=True)  # checked before it takes traffic
+        except BaseException:  # closed meanwhile, or a client that would not start: none left open
+            await asyncio.gather(*(e.client.close() for e in fresh), return_exceptions=True)
+            raise
         self._replace(gone, fresh)
 
     def _replace(self, gone: list[Endpoint], fresh: list[Endpoint], started: bool = True) -> None:
@@ -271,8 +275,7 @@ class Cluster:
         for endpoint in gone:
             if endpoint.address not in labels:
                 self.stats.endpoints.pop(endpoint.address, None)
-                if endpoint.resolved is not None:
-                    self.counters.emit(Event("endpoint_removed", self.name, endpoint.address))
+                self.counters.emit(Event("endpoint_removed", self.name, endpoint.address))
         for endpoint in fresh:
             if endpoint.address not in {e.address for e in gone}:
                 log.info("upstream %s endpoint %s added", self.name, endpoint.address)

@@ -512,3 +512,18 @@ routes:
     finally:
         for process in servers:
             process.stop()
+
+
+async def test_the_system_resolver_answers_without_nameservers() -> None:
+    assert await discovery.resolve("localhost", 80, DnsDiscovery(family="v4_only")) == ["127.0.0.1"]
+    with pytest.raises((OSError, dnsclient.DnsError)):
+        await discovery.resolve("localhost", 80, DnsDiscovery(family="v4_only", nameservers=(Address("127.0.0.1", 9),),
+                                                              timeout=0.5))
+
+
+def test_address_families() -> None:
+    both = ["10.0.0.1", "fd00::1"]
+    assert discovery._by_family(both, "v4_preferred") == ["10.0.0.1"]
+    assert discovery._by_family(["fd00::1"], "v4_preferred") == ["fd00::1"]
+    assert discovery._by_family(both, "v6_only") == ["fd00::1"]
+    assert discovery._by_family(both, "all") == both
