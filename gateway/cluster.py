@@ -193,11 +193,12 @@ class Cluster:
             self._discovery_task = asyncio.create_task(self._discovery_loop(), name=f"dns {self.name}")
 
     async def close(self) -> None:
-        for task in (self._health_task, self._discovery_task, *self._background):
+        for task in (self._health_task, self._discovery_task):
             if task is not None:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
         self._health_task = self._discovery_task = None
+        await asyncio.gather(*self._background, return_exceptions=True)  # drained clients closing
         closing = [*self.endpoints, *self._draining]
         self._draining.clear()
         await asyncio.gather(*(e.client.close() for e in closing), return_exceptions=True)
