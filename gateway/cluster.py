@@ -9,6 +9,11 @@ most ``max_pending`` waiting for a slot; beyond that it answers
 UPSTREAM_OVERLOADED at once (REST 503, gRPC RESOURCE_EXHAUSTED) instead of
 queueing without bound.
 
+Endpoints given as DNS names are discovered (gateway/discovery.py): one
+endpoint per address, added (health-checked first) and drained (no new
+requests; the client closes once the last one in flight ends) as the
+answers change.
+
 All state is touched from the event loop only; no locks are needed.
 """
 
@@ -27,6 +32,7 @@ from typing import Any
 from gateway.affinity import SequencePins
 from gateway.config import Address, UpstreamConfig
 from gateway.counters import Counters, EndpointCounters, Event
+from gateway.discovery import NameWatch, is_name
 from gateway.errors import ErrorKind, GatewayError
 from gateway.hashing import stable_hash
 from gateway.protocols import registry
@@ -54,10 +60,15 @@ def decayed_ejections(ejections: int, healthy_for: float, base: float) -> int:
 class Endpoint:
     """One address of a cluster, with its client and its health."""
 
-    def __init__(self, client: UpstreamClient, address: str, counters: EndpointCounters) -> None:
+    def __init__(self, client: UpstreamClient, address: str, counters: EndpointCounters,
+                 origin: NameWatch | None = None, resolved: str | None = None, created: float = 0.0) -> None:
         self.client = client
         self.address = address
         self.counters = counters
+        self.origin = origin  # the name this endpoint was discovered from
+        self.resolved = resolved  # its IP address; None for the name itself (not resolved yet)
+        self.created = created
+        self.draining = False  # out of the cluster, closing once in_flight is 0
         self.in_flight = 0
         self.healthy = True  # the active health checks' verdict
         self.consecutive_failures = 0
@@ -66,6 +77,11 @@ class Endpoint:
         self.readmitted_at = 0.0
         self._checks_passed = 0
         self._checks_failed = 0
+
+    def take_health_of(self, old: Endpoint) -> None:
+        """Carry the verdicts over to a new client of the same address."""
+        self.healthy, self.consecutive_failures = old.healthy, old.consecutive_failures
+        self.ejected_until, self.ejections, self.readmitted_at = old.ejected_until, old.ejections, old.readmitted_at
 
     def ejected(self, now: float) -> bool:
         return self.ejected_until is not None and now < self.ejected_until
@@ -123,11 +139,22 @@ class Cluster:
             addresses = config.endpoints or (None,)
         if not addresses:
             raise GatewayError(ErrorKind.INTERNAL, f"upstream '{config.name}' has no endpoints")
+        self._client_factory = client_factory
+        self._services = services
         self.endpoints: list[Endpoint] = []
+        self._watches: list[NameWatch] = []
         for address in addresses:
             label = str(address) if address is not None else IN_PROCESS
             client = client_factory(config, address, services)
-            self.endpoints.append(Endpoint(client, label, self.counters.endpoint(config.name, label)))
+            watch = None
+            if address is not None and config.dns.discovery and is_name(address.host):
+                # Until its first answer the name is one endpoint, as without discovery.
+                watch = NameWatch(config.name, address, config.dns)
+                self._watches.append(watch)
+            self.endpoints.append(Endpoint(client, label, self.counters.endpoint(config.name, label), watch))
+        self._draining: set[Endpoint] = set()
+        self._background: set[asyncio.Task[None]] = set()
+        self._discovery_task: asyncio.Task[None] | None = None
         self.in_flight = 0
         self.pending = 0
         self.retries_in_flight = 0
@@ -149,20 +176,124 @@ class Cluster:
     # --- lifecycle ----------------------------------------------------------
 
     async def start(self) -> None:
-        """Start the clients; with health checks, run one round first so the
-        cluster serves with known health (a reload swaps in warm clusters)."""
+        """Resolve the names, start the clients; with health checks, run one
+        round first so the cluster serves with known health (a reload swaps in
+        warm clusters)."""
+        resolved = await asyncio.gather(*(watch.refresh() for watch in self._watches))
+        for watch, ok in zip(self._watches, resolved, strict=True):
+            if ok:
+                self._replace([e for e in self.endpoints if e.origin is watch],
+                              [self._endpoint(watch, ip) for ip in watch.addresses], started=False)
+            else:
+                self._dns_failed(watch)
         for endpoint in self.endpoints:
             await endpoint.client.start()
         if self.config.health_check is not None:
             await self.check_health(first=True)
             self._health_task = asyncio.create_task(self._health_loop(), name=f"health-check {self.name}")
+        if self._watches:
+            self._discovery_task = asyncio.create_task(self._discovery_loop(), name=f"dns {self.name}")
 
     async def close(self) -> None:
-        if self._health_task is not None:
-            self._health_task.cancel()
-            await asyncio.gather(self._health_task, return_exceptions=True)
-            self._health_task = None
-        await asyncio.gather(*(e.client.close() for e in self.endpoints), return_exceptions=True)
+        for task in (self._health_task, self._discovery_task):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        self._health_task = self._discovery_task = None
+        await asyncio.gather(*self._background, return_exceptions=True)  # drained clients closing
+        closing = [*self.endpoints, *self._draining]
+        self._draining.clear()
+        await asyncio.gather(*(e.client.close() for e in closing), return_exceptions=True)
+
+    # --- DNS discovery ----------------------------------------------------------
+
+    def _endpoint(self, watch: NameWatch, ip: str, announce: bool = True) -> Endpoint:
+        """A new, not yet started endpoint for one address of ``watch``'s name."""
+        address = Address(ip, watch.address.port, watch.address.host)
+        label = str(address)
+        client = self._client_factory(self.config, address, self._services)
+        endpoint = Endpoint(client, label, self.counters.endpoint(self.name, label), watch, ip, self._clock())
+        if announce:
+            self.counters.emit(Event("endpoint_added", self.name, label))
+        return endpoint
+
+    def _dns_failed(self, watch: NameWatch) -> None:
+        self.counters.emit(Event("dns_failure", self.name, watch.address.host))
+
+    async def _discovery_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.dns.refresh * self._rng.uniform(0.9, 1.1))
+            await self.rediscover()
+
+    async def rediscover(self) -> None:
+        """Resolve every name once and bring the endpoints in line."""
+        results = await asyncio.gather(*(self._rediscover(watch) for watch in self._watches), return_exceptions=True)
+        for result in results:
+            if isinstance(result, Exception):  # a client that would not start: tried again next time
+                log.warning("upstream %s: DNS discovery step failed: %r", self.name, result)
+
+    async def _rediscover(self, watch: NameWatch) -> None:
+        """Resolve ``watch``'s name once and bring its endpoints in line."""
+        if not await watch.refresh():
+            self._dns_failed(watch)
+            return
+        current = [e for e in self.endpoints if e.origin is watch]
+        have = {e.resolved for e in current}
+        gone = [e for e in current if e.resolved not in watch.addresses]
+        fresh = [self._endpoint(watch, ip) for ip in watch.addresses if ip not in have]
+        reconnect = self.config.dns.reconnect
+        if len(watch.addresses) == 1 and not fresh and reconnect and current:
+            old = current[0]
+            if self._clock() - old.created >= reconnect:  # new connections to the same (virtual) address
+                renewed = self._endpoint(watch, watch.addresses[0], announce=False)
+                renewed.take_health_of(old)
+                fresh.append(renewed)
+                gone.append(old)
+        if not fresh and not gone:
+            return
+        try:
+            for endpoint in fresh:
+                await endpoint.client.start()
+                if self.config.health_check is not None and endpoint.resolved not in have:
+                    await self._check(endpoint, first=True)  # checked before it takes traffic
+        except BaseException:  # closed meanwhile, or a client that would not start: none left open
+            await asyncio.gather(*(e.client.close() for e in fresh), return_exceptions=True)
+            raise
+        self._replace(gone, fresh)
+
+    def _replace(self, gone: list[Endpoint], fresh: list[Endpoint], started: bool = True) -> None:
+        """Swap endpoints: ``gone`` ones take no new request and close once
+        idle (at once when never started)."""
+        for endpoint in gone:
+            self.endpoints.remove(endpoint)
+            endpoint.draining = True
+            if endpoint.resolved is not None or started:
+                log.info("upstream %s endpoint %s drained (%s)", self.name, endpoint.address,
+                         "reconnect" if any(e.address == endpoint.address for e in fresh) else "left DNS")
+            if started:
+                self._draining.add(endpoint)
+                self._close_if_idle(endpoint)
+        self.endpoints.extend(fresh)
+        labels = {e.address for e in self.endpoints}
+        for endpoint in gone:
+            if endpoint.address not in labels:
+                self.stats.endpoints.pop(endpoint.address, None)
+                self.counters.emit(Event("endpoint_removed", self.name, endpoint.address))
+        for endpoint in fresh:
+            if endpoint.address not in {e.address for e in gone}:
+                log.info("upstream %s endpoint %s added", self.name, endpoint.address)
+        if self._ring or self.config.load_balancing.policy == "consistent_hash":
+            self._ring = self._build_ring()
+            self._ring_keys = [point for point, _ in self._ring]
+        self._wake_all()
+
+    def _close_if_idle(self, endpoint: Endpoint) -> None:
+        if endpoint.in_flight > 0 or endpoint not in self._draining:
+            return
+        self._draining.discard(endpoint)
+        task = asyncio.get_running_loop().create_task(endpoint.client.close(), name=f"close {endpoint.address}")
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     # --- health ---------------------------------------------------------------
 
@@ -214,6 +345,8 @@ class Cluster:
     def _release(self, endpoint: Endpoint, failure: str | None) -> None:
         endpoint.in_flight -= 1
         self.in_flight -= 1
+        if endpoint.draining:
+            self._close_if_idle(endpoint)
         if failure in ENDPOINT_FAILURES:
             endpoint.counters.failures_total += 1
             endpoint.consecutive_failures += 1
@@ -429,4 +562,6 @@ class Cluster:
                 "consecutive_failures": e.consecutive_failures,
                 "counters": asdict(e.counters),
             } for e in self.endpoints],
+            "dns": [{"name": w.address.host, "addresses": list(w.addresses), "failures_total": w.failures_total}
+                    for w in self._watches],
         }

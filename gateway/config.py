@@ -50,6 +50,9 @@ DEFAULT_OTLP_ENDPOINT = "http://127.0.0.1:4318/v1/traces"
 class Address:
     host: str
     port: int
+    # Set on an address found by DNS discovery: the name it was resolved
+    # from, which clients present (Host, :authority, TLS server name).
+    name: str | None = None
 
     def __str__(self) -> str:
         return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
@@ -193,6 +196,26 @@ class RetryBudget:
     min_concurrency: int = 3
 
 
+DNS_FAMILIES = ("v4_preferred", "v4_only", "v6_only", "all")
+
+
+@dataclass(frozen=True, slots=True)
+class DnsDiscovery:
+    """How endpoints given as DNS names become one endpoint per address
+    (docs/routing-and-resilience.md, DNS discovery)."""
+
+    # false: a name stays one endpoint and its client resolves it when connecting
+    discovery: bool = True
+    refresh: float = 5.0  # seconds between resolutions of each name
+    timeout: float = 2.0  # bound on one resolution
+    # a name resolving to one address (a ClusterIP Service): open new
+    # connections this often so they spread over the pods; null: never
+    reconnect: float | None = 60.0
+    family: str = "v4_preferred"  # v4_preferred: IPv6 only when there is no IPv4 address
+    # "host:port" of DNS servers asked over UDP; empty: the system resolver
+    nameservers: tuple[Address, ...] = ()
+
+
 @dataclass(frozen=True, slots=True)
 class SequenceAffinity:
     """Requests carrying a sequence_id stick to the endpoint that answered
@@ -218,6 +241,7 @@ class UpstreamConfig:
     sequence_affinity: SequenceAffinity = SequenceAffinity()
     tls: UpstreamTls | None = None  # TLS / mTLS toward the endpoints
     auth: CredentialConfig | None = None  # a credential header sent on every call
+    dns: DnsDiscovery = DnsDiscovery()  # endpoints given as names
     # Forward the client's bytes unchanged when client and upstream speak the
     # same protocol and nothing needs translation (docs/performance.md).
     passthrough: bool = True
@@ -698,6 +722,29 @@ def _sequence_affinity(node: Node) -> SequenceAffinity:
     return affinity
 
 
+def _dns(node: Node) -> DnsDiscovery:
+    d = DnsDiscovery()
+    if not _section(node):
+        return d
+    nameservers = node.child("nameservers", [])
+    dns = DnsDiscovery(
+        discovery=node.flag("discovery", d.discovery),
+        refresh=_positive_duration(node, "refresh", d.refresh),
+        timeout=_positive_duration(node, "timeout", d.timeout),
+        reconnect=None if node.has("reconnect") and node.child("reconnect").value is None
+        else _positive_duration(node, "reconnect", d.reconnect),
+        family=node.choice("family", DNS_FAMILIES, d.family),
+        nameservers=tuple(a for a in map(parse_address, nameservers.items()) if a),
+    )
+    for index, server in enumerate(dns.nameservers):
+        try:
+            ipaddress.ip_address(server.host)
+        except ValueError:
+            nameservers.error(f"must be an IP address and port; got {server}", index)
+    node.check_no_unknown_keys()
+    return dns
+
+
 def _endpoints(item: Node, protocol: str | None) -> tuple[Address, ...]:
     from gateway.protocols import registry
 
@@ -731,6 +778,7 @@ def _upstream(item: Node, base_dir: Path) -> UpstreamConfig | None:
         sequence_affinity=_sequence_affinity(item.child("sequence_affinity", None)),
         tls=parse_upstream_tls(item.child("tls", None), base_dir),
         auth=parse_credential_config(item.child("auth", None), base_dir),
+        dns=_dns(item.child("dns", None)),
         passthrough=item.flag("passthrough", True),
     )
     item.check_no_unknown_keys()

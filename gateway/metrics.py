@@ -216,6 +216,10 @@ class GatewayMetrics:
         self.event_loop_lag = Histogram(
             "gateway_event_loop_lag_seconds", "How much later than due the event loop ran a timer "
             "(sampled every 50 ms): the time something held the loop.", buckets=LOOP_LAG_BUCKETS, registry=r)
+        # DNS discovery (gateway/discovery.py).
+        self.dns_failures = Counter(
+            "gateway_dns_resolution_failures", "Resolutions of an upstream endpoint name that failed (the "
+            "last known addresses are kept).", ("upstream",), registry=r)
 
         self.build_info.labels(version, platform.python_version()).set(1)
         self.worker_processes.set(1)
@@ -401,6 +405,17 @@ def metrics_hook(metrics: GatewayMetrics) -> Callable[[Any], None]:
             metrics.set_endpoint_health(event.upstream, event.endpoint, event.detail == "healthy")
         elif name in ("reload_success", "reload_failure"):
             metrics.record_reload(name == "reload_success")
+        # DNS discovery: endpoints come and go; a gone one's series go with it.
+        elif name == "dns_failure":
+            metrics.dns_failures.labels(event.upstream).inc()
+        elif name == "endpoint_added":
+            metrics.declare_upstream(event.upstream, [event.endpoint])
+        elif name == "endpoint_removed":
+            for gauge in (metrics.endpoint_healthy, metrics.outlier_ejections):
+                try:
+                    gauge.remove(event.upstream, event.endpoint)
+                except KeyError:
+                    pass
 
     return on_event
 

@@ -45,6 +45,7 @@ DURATIONS = {
     ("RetryPolicy", "per_try_timeout"), ("RetryPolicy", "backoff"), ("RetryPolicy", "max_backoff"),
     ("DrainConfig", "delay"), ("DrainConfig", "timeout"), ("ReloadConfig", "watch_interval"),
     ("SequenceAffinity", "idle_timeout"),
+    ("DnsDiscovery", "refresh"), ("DnsDiscovery", "timeout"), ("DnsDiscovery", "reconnect"),
 }
 # ... and floats that are plain numbers. Every float field is in one of the two.
 NUMBERS = {("RetryBudget", "percent"), ("Mirror", "percent"), ("TracingConfig", "sample_ratio")}
@@ -59,6 +60,7 @@ CHOICES: dict[tuple[str, str], tuple[str, ...]] = {
     ("ListenerTls", "client_auth"): CLIENT_AUTH_MODES,
     ("RetryPolicy", "retry_on"): config.RETRY_ON,
     ("ServerIdentity", "extensions"): GATEWAY_EXTENSIONS,
+    ("DnsDiscovery", "family"): config.DNS_FAMILIES,
 }
 # Whole-section rules a field list cannot say.
 SECTION_RULES: dict[str, Json] = {

@@ -128,12 +128,14 @@ class UpstreamHttp:
         self._server_hostname: str | None = None
         if tls.scheme == "https":
             self._ssl = tls.ssl if isinstance(tls.ssl, ssl.SSLContext) else ssl.create_default_context()
-            self._server_hostname = tls.server_hostname
+            # A discovered address presents the name it was found under.
+            self._server_hostname = tls.server_hostname or endpoint.name
         # Host: as aiohttp wrote it, without the scheme's default port.
         default_port = 443 if self._ssl is not None else 80
-        host = endpoint.host if endpoint.port == default_port else str(endpoint)
-        if ":" in endpoint.host and endpoint.port == default_port:
-            host = f"[{endpoint.host}]"
+        identity = endpoint.name or endpoint.host
+        host = identity if endpoint.port == default_port else f"{identity}:{endpoint.port}"
+        if ":" in identity:
+            host = f"[{identity}]" if endpoint.port == default_port else str(endpoint)
         self._fixed_head = f"Host: {host}\r\nAccept-Encoding: identity\r\n" + (
             "" if keepalive else "Connection: close\r\n")
         self._fixed_lines = 2 if keepalive else 3

@@ -72,12 +72,19 @@ class V2GrpcClient(UpstreamClient):
         self._calls: dict[str, Any] = {}
 
     async def start(self) -> None:
-        options = [
+        options: list[tuple[str, Any]] = [
             ("grpc.max_receive_message_length", min(self.max_response, pb.GRPC_MAX_MESSAGE)),
             ("grpc.max_send_message_length", -1),  # requests were bounded when they arrived
             ("grpc.max_reconnect_backoff_ms", _MAX_RECONNECT_BACKOFF_MS),
         ]
         tls = self.upstream.tls
+        endpoint = self.endpoint
+        if endpoint is not None and endpoint.name is not None and (tls is None or tls.server_name is None):
+            # A discovered address: connect to it, present the name it was found
+            # under (:authority and TLS server name) as a client of the name would.
+            options.append(("grpc.default_authority", f"{endpoint.name}:{endpoint.port}"))
+            if tls is not None:
+                options.append(("grpc.ssl_target_name_override", endpoint.name))
         if tls is None:
             self._channel = grpc.aio.insecure_channel(str(self.endpoint), options=options)
         else:  # certificates are read now (docs/security.md)
