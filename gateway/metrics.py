@@ -49,14 +49,17 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from gateway.errors import ErrorKind, GatewayError
 from gateway.observe import OUTCOME_CANCELLED, OUTCOME_OK, RequestRecord
 
-# 100 µs .. 60 s in 1-2-5 steps: fine enough to see sub-millisecond proxy
-# overhead, wide enough for slow models.
+# Buckets per metric, fitted to its range (each bucket is one series per
+# label set: docs/observability.md, "Cardinality").
+# End-to-end and upstream latency, 100 µs .. 60 s in 1-2-5 steps: fine enough
+# to see sub-millisecond proxy overhead, wide enough for slow models.
 LATENCY_BUCKETS = (0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5,
                    1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0)
-# Translating a small tensor takes tens of microseconds.
-TRANSLATION_BUCKETS = (0.00001, 0.00002, 0.00005, *LATENCY_BUCKETS[:-3])
-# 64 B .. 1 GiB in powers of four.
-SIZE_BUCKETS = tuple(float(64 * 4**i) for i in range(13))
+# Translating a small tensor takes tens of microseconds, a large one (offloaded)
+# up to seconds: 10 µs .. 3 s in 1-3 steps.
+TRANSLATION_BUCKETS = (0.00001, 0.00003, 0.0001, 0.0003, 0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0)
+# Bodies, 64 B .. 1 GiB in powers of eight (sizes are for orientation, not SLOs).
+SIZE_BUCKETS = tuple(float(64 * 8**i) for i in range(9))
 # 1 ms .. 10 s: a healthy loop wakes within a millisecond or two; beyond tens
 # of milliseconds something held it.
 LOOP_LAG_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
@@ -67,6 +70,21 @@ UNKNOWN_MODEL = "__unknown__"  # a name that was not found, never admitted
 MAX_MODEL_LABEL_CHARS = 128
 
 REQUEST_LABELS = ("listener", "protocol", "operation", "model", "route", "upstream")
+# The counter has every label; each histogram only those its queries group by,
+# since a histogram label set costs one series per bucket. Route and upstream
+# are on the counter (and upstream on the upstream histogram); sizes are
+# per operation, not per model.
+DURATION_LABELS = ("listener", "protocol", "operation", "model")
+SIZE_LABELS = ("listener", "protocol", "operation")
+# The client's status, in one of two labels by its kind: an HTTP status (HTTP
+# frontends; GraphStorm's envelope status_code) or a gRPC code name.
+CODE_LABELS = ("http_code", "grpc_code")
+
+
+def code_labels(status: str) -> tuple[str, str]:
+    """``(http_code, grpc_code)`` of a record's status: numeric statuses are
+    HTTP's, gRPC's are code names (``NOT_FOUND``); the other label is empty."""
+    return (status, "") if status.isdigit() else ("", status)
 
 
 def outcome_of(exc: BaseException | None) -> str:
@@ -136,17 +154,17 @@ class GatewayMetrics:
 
         self.requests = Counter(
             "gateway_requests", "Downstream requests answered, by listener, frontend protocol, operation, "
-            "model, route, upstream, protocol status code and outcome (ok or an error kind).",
-            (*REQUEST_LABELS, "code", "outcome"), registry=r)
+            "model, route, upstream, status (http_code or grpc_code, the other empty) and outcome (ok or an "
+            "error kind).", (*REQUEST_LABELS, *CODE_LABELS, "outcome"), registry=r)
         self.request_duration = Histogram(
             "gateway_request_duration_seconds", "End-to-end time from request received to response sent.",
-            REQUEST_LABELS, buckets=LATENCY_BUCKETS, registry=r)
+            DURATION_LABELS, buckets=LATENCY_BUCKETS, registry=r)
         self.request_size = Histogram(
             "gateway_request_size_bytes", "Request body size as received (after transfer coding).",
-            REQUEST_LABELS, buckets=SIZE_BUCKETS, registry=r)
+            SIZE_LABELS, buckets=SIZE_BUCKETS, registry=r)
         self.response_size = Histogram(
             "gateway_response_size_bytes", "Response body size as sent (after compression).",
-            REQUEST_LABELS, buckets=SIZE_BUCKETS, registry=r)
+            SIZE_LABELS, buckets=SIZE_BUCKETS, registry=r)
         self.in_flight = Gauge(
             "gateway_requests_in_flight", "Downstream requests being handled.",
             ("listener", "protocol"), multiprocess_mode="livesum", registry=r)
@@ -272,21 +290,27 @@ class GatewayMetrics:
 
     def observe_request(self, listener: str, protocol: str, record: RequestRecord, duration: float) -> None:
         """Record one finished downstream request (called once per request)."""
-        labels = (listener, protocol, record.operation, self.model_label(record.model, record.outcome),
-                  record.route, record.upstream)
-        series = self._cache.get(labels)
-        if series is None:
-            series = self._cache[labels] = (self.request_duration.labels(*labels),
-                                            self.request_size.labels(*labels),
-                                            self.response_size.labels(*labels))
-        counter_key = (*labels, record.status, record.outcome)
+        operation = record.operation
+        model = self.model_label(record.model, record.outcome)
+        labels = (listener, protocol, operation, model)
+        key = ("duration", *labels)  # cache keys: a tag, then the labels
+        duration_child = self._cache.get(key)
+        if duration_child is None:
+            duration_child = self._cache[key] = self.request_duration.labels(*labels)
+        size_key = ("sizes", listener, protocol, operation)
+        sizes = self._cache.get(size_key)
+        if sizes is None:
+            sizes = self._cache[size_key] = (self.request_size.labels(*size_key[1:]),
+                                             self.response_size.labels(*size_key[1:]))
+        counter_key = ("requests", *labels, record.route, record.upstream, record.status, record.outcome)
         counter = self._cache.get(counter_key)
         if counter is None:
-            counter = self._cache[counter_key] = self.requests.labels(*counter_key)
+            counter = self._cache[counter_key] = self.requests.labels(
+                *labels, record.route, record.upstream, *code_labels(record.status), record.outcome)
         counter.inc()
-        series[0].observe(duration)
-        series[1].observe(record.request_bytes)
-        series[2].observe(record.response_bytes)
+        duration_child.observe(duration)
+        sizes[0].observe(record.request_bytes)
+        sizes[1].observe(record.response_bytes)
         if record.passthrough:
             key = ("passthrough", listener, protocol, record.upstream, record.passthrough)
             child = self._cache.get(key)

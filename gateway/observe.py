@@ -104,7 +104,7 @@ class RequestRecord:
     route: str = ""  # route name (default route-<index>), "" when none matched
     upstream: str = ""
     endpoint: str = ""  # last endpoint tried
-    status: str = ""  # the protocol's own status: HTTP code, gRPC code name
+    status: str = ""  # the protocol's own status: HTTP code (digits: label http_code), gRPC code name (grpc_code)
     outcome: str = ""  # "ok", "cancelled" or an ErrorKind value
     error: str = ""  # bounded GatewayError message
     method: str = ""  # transport details for the log (HTTP method, path)

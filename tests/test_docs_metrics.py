@@ -52,3 +52,60 @@ def test_the_check_catches_a_wrong_name() -> None:
     families = {family(n) for n in exported()}
     assert family("gateway_requests_total") in families
     assert family("gateway_request_totals") not in families
+
+
+# Labels Prometheus adds (target labels) or histograms carry.
+_TARGET_LABELS = {"namespace", "job", "instance", "pod", "le"}
+_GROUPING = re.compile(r"\b(?:by|without)\s*\(([^)]*)\)")
+_MATCHER = re.compile(r"([a-z_][a-z0-9_]*)\s*(?:=~|!~|!=|=)\s*\"")
+_SELECTOR = re.compile(r"\{([^}]*)\}")
+
+
+def label_names() -> dict[str, set[str]]:
+    """Every family the gateway registers, with the labels it declares."""
+    from prometheus_client.metrics import MetricWrapperBase
+
+    metrics = GatewayMetrics(CollectorRegistry(), version="test")
+    return {metric._name: set(metric._labelnames) for metric in vars(metrics).values()
+            if isinstance(metric, MetricWrapperBase)}
+
+
+def queries() -> dict[str, list[str]]:
+    """The PromQL of the alerts, the dashboard and the docs' query block, by file."""
+    import json
+
+    import yaml
+
+    found: dict[str, list[str]] = {}
+    rules = yaml.safe_load((REPO / "deploy/prometheus/alerts.yaml").read_text())
+    found["alerts.yaml"] = [rule["expr"] for group in rules["groups"] for rule in group["rules"]]
+    dashboard = json.loads((REPO / "deploy/grafana/inference-gateway-dashboard.json").read_text())
+    found["dashboard"] = [target["expr"] for panel in dashboard["panels"] for target in panel.get("targets", [])]
+    docs = (REPO / "docs/observability.md").read_text()
+    found["observability.md"] = [line for block in re.findall(r"```promql\n(.*?)```", docs, re.S)
+                                 for line in block.splitlines() if not line.startswith("#")]
+    return found
+
+
+def test_every_label_the_queries_use_is_on_their_metrics() -> None:
+    """A query grouping or filtering by a label its metric does not carry
+    silently finds nothing (issue 19: labels were dropped from histograms)."""
+    declared = label_names()
+    wrong: list[str] = []
+    for source, exprs in queries().items():
+        assert exprs, source
+        for expr in exprs:
+            used = {name.strip() for group in _GROUPING.findall(expr) for name in group.split(",") if name.strip()}
+            used |= {name for selector in _SELECTOR.findall(expr) for name in _MATCHER.findall(selector)}
+            used -= _TARGET_LABELS
+            for name in {family(n) for n in _NAME.findall(expr)}:
+                missing = used - declared[name]
+                if missing:
+                    wrong.append(f"{source}: {name} has no {sorted(missing)} in {expr!r}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_label_check_catches_a_dropped_label() -> None:
+    declared = label_names()
+    assert "route" not in declared["gateway_request_duration_seconds"]
+    assert {"http_code", "grpc_code", "route"} <= declared["gateway_requests"]

@@ -266,7 +266,7 @@ def test_upstream_answers_pass_through_unchanged(gateway: GatewayProcess, http: 
 
 def _outcomes(gateway: GatewayProcess) -> dict[tuple[str, str, str], float]:
     text = requests.get(f"http://{gateway.url('admin')}/metrics", timeout=5).text
-    return {(s.labels["model"], s.labels["code"], s.labels["outcome"]): s.value
+    return {(s.labels["model"], s.labels["http_code"], s.labels["outcome"]): s.value
             for family in text_string_to_metric_families(text) for s in family.samples
             if s.name == "gateway_requests_total" and s.labels["listener"] == "gs"}
 

@@ -202,8 +202,9 @@ def test_prometheus_scrapes_the_gateway(gateway: Gateway, tmp_path: Path) -> Non
         series = wait_for(scraped, 30, "Prometheus to scrape the gateway", interval=0.5)
         labels = series[0]["metric"]
         assert labels["job"] == "gateway" and labels["instance"] == gateway.process.url("admin")
-        assert (labels["listener"], labels["protocol"], labels["upstream"], labels["code"]) == \
+        assert (labels["listener"], labels["protocol"], labels["upstream"], labels["http_code"]) == \
             ("rest", "v2-rest", "local", "200")
+        assert "grpc_code" not in labels  # empty in the exposition, so absent in Prometheus
         assert labels["route"] in ("route-0", "route-1") and float(series[0]["value"][1]) >= 5
         up = prometheus.query('up{job="gateway"}')["data"]["result"]
         assert up[0]["value"][1] == "1"

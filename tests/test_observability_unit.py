@@ -84,15 +84,18 @@ def test_request_counted_once_with_its_labels() -> None:
     metrics.observe_request("rest", "v2-rest", finished(), 0.0009)
     metrics.observe_request("rest", "v2-rest", finished(outcome="invalid_input", status="400"), 0.0001)
     ok = value(metrics, "gateway_requests_total", listener="rest", protocol="v2-rest", operation="infer",
-               model="m", route="0", upstream="up", code="200", outcome="ok")
+               model="m", route="0", upstream="up", http_code="200", grpc_code="", outcome="ok")
     assert ok == 2
-    assert value(metrics, "gateway_requests_total", code="400", outcome="invalid_input") == 1
+    assert value(metrics, "gateway_requests_total", http_code="400", outcome="invalid_input") == 1
+    metrics.observe_request("grpc", "v2-grpc", finished(outcome="invalid_input", status="INVALID_ARGUMENT"), 0.0001)
+    assert value(metrics, "gateway_requests_total", http_code="", grpc_code="INVALID_ARGUMENT") == 1
     # sub-millisecond latencies land in distinct buckets
-    assert value(metrics, "gateway_request_duration_seconds_bucket", le="0.0005") == 2
-    assert value(metrics, "gateway_request_duration_seconds_bucket", le="0.0002") == 1
-    assert value(metrics, "gateway_request_duration_seconds_bucket", le="0.001") == 3
-    assert value(metrics, "gateway_response_size_bytes_sum") == 6000
-    assert value(metrics, "gateway_translation_duration_seconds_count", side="frontend", stage="decode") == 3
+    assert value(metrics, "gateway_request_duration_seconds_bucket", listener="rest", le="0.0005") == 2
+    assert value(metrics, "gateway_request_duration_seconds_bucket", listener="rest", le="0.0002") == 1
+    assert value(metrics, "gateway_request_duration_seconds_bucket", listener="rest", le="0.001") == 3
+    assert value(metrics, "gateway_response_size_bytes_sum", listener="rest") == 6000
+    assert value(metrics, "gateway_translation_duration_seconds_count", side="frontend", stage="decode",
+                 protocol="v2-rest") == 3
 
 
 def test_model_label_cardinality_is_capped() -> None:
