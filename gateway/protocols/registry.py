@@ -19,6 +19,7 @@ PROTOCOLS: dict[str, str] = {
     "builtin": "gateway.builtin",
     "graphstorm": "gateway.protocols.graphstorm",
     "umbridge": "gateway.protocols.umbridge",
+    "v1-rest": "gateway.protocols.v1_rest",
     "v2-grpc": "gateway.protocols.v2_grpc",
     "v2-rest": "gateway.protocols.v2_rest",
 }
