@@ -24,6 +24,7 @@ from gateway.protocols import registry
 from gateway.protocols.base import Frontend, UpstreamClient
 from gateway.protocols.graphstorm import codec as graphstorm
 from gateway.protocols.umbridge import codec as umbridge
+from gateway.protocols.v1_rest import codec as v1_rest
 from gateway.protocols.v2_grpc import codec as v2_grpc
 from gateway.protocols.v2_rest import codec as v2_rest
 from support import REPO
@@ -37,6 +38,10 @@ NOT_ROUND_TRIPPED = {
     ("v2-rest", ErrorKind.UNAUTHENTICATED): "an upstream's 401 refuses the gateway's credential: 502",
     ("v2-rest", ErrorKind.UPSTREAM_BAD_RESPONSE): "an upstream's 502 is a proxy that cannot reach it: 503",
     ("v2-rest", ErrorKind.INTERNAL): "an upstream's 500 is its bug, to the gateway a bad answer: 502",
+    ("v1-rest", ErrorKind.OVERLOADED): "an upstream's 429 is its own limit: UPSTREAM_OVERLOADED (503)",
+    ("v1-rest", ErrorKind.UNAUTHENTICATED): "an upstream's 401 refuses the gateway's credential: 502",
+    ("v1-rest", ErrorKind.UPSTREAM_BAD_RESPONSE): "an upstream's 502 is a proxy that cannot reach it: 503",
+    ("v1-rest", ErrorKind.INTERNAL): "an upstream's 500 is its bug, to the gateway a bad answer: 502",
     ("umbridge", ErrorKind.OVERLOADED): "an upstream's Overloaded is its own limit: UpstreamOverloaded (503)",
     ("umbridge", ErrorKind.INTERNAL): "an upstream's InternalError is its bug: InvalidOutput",
 }
@@ -45,6 +50,7 @@ NOT_ROUND_TRIPPED = {
 # sees that they go through the table rather than a copy of it.
 ENCODED: dict[str, Callable[[GatewayError], Any]] = {
     "v2-rest": lambda error: v2_rest.encode_error(error)[0],
+    "v1-rest": lambda error: v1_rest.encode_error(error)[0],
     "v2-grpc": lambda error: v2_grpc.encode_error(error)[0],
     "umbridge": lambda error: (orjson.loads(umbridge.encode_error(error)[1])["error"]["type"],
                                umbridge.encode_error(error)[0]),
@@ -52,6 +58,7 @@ ENCODED: dict[str, Callable[[GatewayError], Any]] = {
 }
 DECODED: dict[str, Callable[[Any], GatewayError]] = {
     "v2-rest": lambda status: v2_rest.decode_error(status, b'{"error": "why"}', "up-7"),
+    "v1-rest": lambda status: v1_rest.decode_error(status, b'{"error": "why"}', "up-7"),
     "v2-grpc": lambda code: v2_grpc.decode_error(code, "why", "up-7"),
     "umbridge": lambda form: umbridge.decode_error(
         form[1], {"error": {"message": "why", **({"type": form[0]} if form[0] else {})}}, "up-7"),
