@@ -59,7 +59,8 @@ class V1RestFrontend(HttpFrontend):
         handlers: list[tuple[str, str, Handler]] = [("GET", "/", self.live), ("GET", "/v1/models", self.models)]
         for path in _MODEL_PATHS:
             handlers += [("GET", path, self.model_ready), ("POST", path + ":predict", self.predict),
-                         ("POST", path + ":explain", self.explain)]
+                         ("POST", path + ":explain", self.explain), ("POST", path + ":classify", self.not_offered),
+                         ("POST", path + ":regress", self.not_offered)]
         return handlers
 
     def build_app(self) -> web.Application:
@@ -129,6 +130,12 @@ class V1RestFrontend(HttpFrontend):
             answer = await offload.run(size, codec.encode_answer, response.outputs, predict.rows)
         reply = HttpReply(200, [answer], codec.JSON_TYPE, {REQUEST_ID_HEADER: ctx.request_id})
         return await compress(reply, accepted_coding(request.headers.get("accept-encoding", "")), offload)
+
+    async def not_offered(self, request: HttpRequest) -> HttpReply:
+        """TF Serving's Example-based APIs: tf.Example protos have no
+        canonical tensor form (a V1 server's own :predict serves them)."""
+        verb = request.path.rpartition(":")[2]
+        raise unsupported(f":{verb} is not offered; use :predict with 'instances' or 'inputs'")
 
     async def explain(self, request: HttpRequest) -> HttpReply:
         """Forwarded as it is to upstreams that offer EXPLAIN_OPERATION (V1
