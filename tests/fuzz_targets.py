@@ -148,7 +148,8 @@ def seeds(target: str) -> list[bytes]:
         return [(DATA / "movielens_realtime_payload.json").read_bytes().replace(
             b'"graph"', b'"targets": [{"node_type": "movie", "node_id": "m1"}], "graph"', 1)]
     if target == "v1_rest":
-        return [b'{"instances": [{"a": [1, 2], "b": {"b64": "aGk="}}, {"a": [3, 4], "b": "x"}], "parameters": {"p": 1}}',
+        return [b'{"instances": [{"a": [1, 2], "b": {"b64": "aGk="}}, {"a": [3, 4], "b": "x"}], '
+                b'"parameters": {"p": 1}}',
                 b'{"inputs": {"a": [[1, 2]], "b": ["\\u00e9"]}, "signature_name": "s"}',
                 b'{"instances": [[[1.5, 2], [3, 4]]]}', b'{"inputs": [true, false]}',
                 b'{"instances": ["a", {"b64": "/w=="}]}', b'{"inputs": 3}']
