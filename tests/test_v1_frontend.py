@@ -208,3 +208,28 @@ def test_mlserver_strings_without_metadata(gateway: GatewayProcess, http: reques
 def test_mlserver_errors_reach_v1_clients(gateway: GatewayProcess, http: requests.Session, hop: str) -> None:
     v1_error(predict(gateway, http, f"simple_{hop}", {"instances": [{"INPUT0": [1, 2], "INPUT1": [1, 2]}]}), 400)
     v1_error(predict(gateway, http, f"simple_{hop}", {"instances": [1]}, version="9"), 404)
+
+
+# --- a listener with auth ----------------------------------------------------------------
+
+
+def test_auth_refuses_in_v1_form_and_liveness_needs_no_token(tmp_path: Any) -> None:
+    text = """
+admin: {address: null}
+listeners:
+  - {name: v1, protocol: v1-rest, address: "127.0.0.1:0", fast_path: false, auth: {token: {env: GW_TEST_V1_TOKEN}}}
+upstreams:
+  - {name: local, protocol: builtin}
+routes:
+  - {match: {model: "*"}, upstream: local}
+"""
+    with GatewayProcess(write_config(tmp_path, text), tmp_path / "gateway.log",
+                        extra_env={"GW_TEST_V1_TOKEN": "t0ken"}) as gw, requests.Session() as http:
+        base = f"http://{gw.url('v1')}"
+        assert http.get(f"{base}/", timeout=10).status_code == 200  # a probe path
+        refused = http.post(f"{base}/v1/models/identity:predict", json={"instances": [1]}, timeout=10)
+        v1_error(refused, 401, "credentials are required")
+        answered = http.post(f"{base}/v1/models/identity:predict", json={"instances": [1]}, timeout=10,
+                             headers={"Authorization": "Bearer t0ken"})
+        assert ok(answered) == {"predictions": [1]}
+        assert "t0ken" not in gw.log()
