@@ -93,15 +93,29 @@ V1_SPECS = ((), (TensorSpec("a", "INT32", (-1, 2)), TensorSpec("b", "BYTES", (-1
             (TensorSpec("x", "FP32", (2, 2)),), (TensorSpec("i", "BYTES", (-1,), {"any_datatype": True}),))
 
 
+def _v1_decoded(data: bytes, specs: tuple[TensorSpec, ...], fast_min_bytes: int) -> Any:
+    """The decoded request's tensors (name, datatype, shape, values), or its error message."""
+    try:
+        predict = v1_rest.decode_predict(data, specs, TensorBudget.of(LIMITS), fast_min_bytes)
+    except GatewayError as error:
+        return error.message
+    return predict, [(t.name, t.datatype, t.shape, t.data.tolist()) for t in predict.inputs]
+
+
 def v1_rest_predict(data: bytes) -> None:
-    """A :predict body against each kind of model knowledge, and its
-    tensors encoded back as an answer (rows or columns, as the body asked)."""
+    """A :predict body against each kind of model knowledge, read by orjson
+    and by the fast reader (which must give the same tensors, or leave the
+    body to orjson), and its tensors encoded back as an answer (rows or
+    columns, as the body asked)."""
     check_json_depth(data, LIMITS.max_json_depth, "the request body")
     for specs in V1_SPECS:
-        try:
-            predict = v1_rest.decode_predict(data, specs, TensorBudget.of(LIMITS))
-        except GatewayError:
+        reference = _v1_decoded(data, specs, len(data) + 1)
+        fast = _v1_decoded(data, specs, 0)
+        if isinstance(reference, str) or isinstance(fast, str):
+            assert reference == fast, (reference, fast)
             continue
+        assert repr(reference[1]) == repr(fast[1]), (reference[1], fast[1])  # repr: NaN equals NaN
+        predict = reference[0]
         try:
             v1_rest.encode_answer(predict.inputs, predict.rows)
         except GatewayError:
@@ -152,7 +166,9 @@ def seeds(target: str) -> list[bytes]:
                 b'"parameters": {"p": 1}}',
                 b'{"inputs": {"a": [[1, 2]], "b": ["\\u00e9"]}, "signature_name": "s"}',
                 b'{"instances": [[[1.5, 2], [3, 4]]]}', b'{"inputs": [true, false]}',
-                b'{"instances": ["a", {"b64": "/w=="}]}', b'{"inputs": 3}']
+                b'{"instances": ["a", {"b64": "/w=="}]}', b'{"inputs": 3}',
+                b'{"inputs": {"a": [[1, 2], [3, 4]], "b": [1.5]}, "instances": [[1e400, -0.0], [2, 3]]}',
+                b'{"instances": [[0.5, 1, 2], [3, 4, 5]], "parameters": {}}']
     raise KeyError(target)
 
 

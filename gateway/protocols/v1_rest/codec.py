@@ -22,7 +22,18 @@ import orjson
 from gateway.errors import ErrorKind, GatewayError, invalid, malformed
 from gateway.limits import BYTES_ELEMENT_COST, TensorBudget
 from gateway.protocols.v1_rest.errors import ERRORS, STATUS_OF_KIND
-from gateway.tensors import array_from_json, bf16_to_float
+from gateway.tensors import (
+    FAST_JSON_MIN_BYTES,
+    JsonNumbers,
+    array_from_json,
+    bf16_to_float,
+    is_json_array,
+    is_json_object,
+    json_fields,
+    json_numbers,
+    plain,
+    read_json_fast,
+)
 from gateway.types import MAX_DIMS, Tensor, TensorSpec, element_count
 
 PROTOCOL = "v1-rest"
@@ -49,13 +60,20 @@ class Predict:
 # --- requests -----------------------------------------------------------------
 
 
-def decode_predict(body: bytes | bytearray, specs: tuple[TensorSpec, ...], budget: TensorBudget) -> Predict:
+def decode_predict(body: bytes | bytearray, specs: tuple[TensorSpec, ...], budget: TensorBudget,
+                   fast_min_bytes: int = FAST_JSON_MIN_BYTES) -> Predict:
     """A ``:predict`` body as tensors; ``specs`` are the model's inputs from
-    its V2 metadata (empty: unknown). Raises MALFORMED/INVALID/TOO_LARGE."""
-    try:
-        payload = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        raise malformed("the request body is not valid JSON") from None
+    its V2 metadata (empty: unknown). Raises MALFORMED/INVALID/TOO_LARGE.
+    Bodies from ``fast_min_bytes`` on have their numeric lists read straight
+    into numpy when the fast reader can vouch for them (gateway/tensors.py)."""
+    payload = None
+    if len(body) >= fast_min_bytes:
+        payload = read_json_fast(body, lambda root: _fast_payload(root, specs), budget.charge)
+    if payload is None:
+        try:
+            payload = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            raise malformed("the request body is not valid JSON") from None
     if not isinstance(payload, dict):
         raise malformed("the request body must be a JSON object holding 'instances' or 'inputs'")
     if ("instances" in payload) == ("inputs" in payload):
@@ -64,7 +82,8 @@ def decode_predict(body: bytes | bytearray, specs: tuple[TensorSpec, ...], budge
     parameters = _parameters(payload.get("parameters"))
     if "instances" in payload:
         instances = payload["instances"]
-        named, rows = _rows(instances), len(instances)
+        named = _rows(instances)
+        rows = instances.shape[0] if isinstance(instances, JsonNumbers) else len(instances)
     else:
         named, rows = _columns(payload["inputs"]), None
     by_name = {spec.name: spec for spec in specs}
@@ -73,6 +92,33 @@ def decode_predict(body: bytes | bytearray, specs: tuple[TensorSpec, ...], budge
         spec = _spec(name, specs, by_name)
         inputs.append(_tensor(spec.name if spec is not None else name or DEFAULT_INPUT, value, spec, budget))
     return Predict(inputs, parameters, rows)
+
+
+def _fast_payload(root: Any, specs: tuple[TensorSpec, ...]) -> dict[str, Any]:
+    """The parsed body as Python values, numeric lists of unnamed inputs
+    and of columnar named ones as :class:`JsonNumbers`."""
+    payload = json_fields(root)
+    by_name = {spec.name: spec for spec in specs}
+    for key, value in payload.items():
+        if key in ("instances", "inputs") and is_json_array(value):
+            payload[key] = _fast_numbers(value, specs[0] if len(specs) == 1 else None)
+        elif key == "inputs" and is_json_object(value):
+            fields = json_fields(value)
+            payload[key] = {name: _fast_numbers(item, by_name.get(name)) if is_json_array(item) else plain(item)
+                            for name, item in fields.items()}
+        else:
+            payload[key] = plain(value)
+    return payload
+
+
+def _fast_numbers(value: Any, spec: TensorSpec | None) -> Any:
+    """A JSON list as :class:`JsonNumbers` read for the input's datatype
+    (without one: integers, else floats), or as plain values."""
+    if spec is not None and not spec.parameters.get(ANY_DATATYPE):
+        numbers = json_numbers(value, spec.datatype)
+    else:
+        numbers = json_numbers(value, "INT64") or json_numbers(value, "FP32")
+    return numbers if numbers is not None else plain(value)
 
 
 def _is_b64(value: Any) -> bool:
@@ -96,6 +142,8 @@ def _parameters(value: Any) -> dict[str, Any]:
 
 def _rows(instances: Any) -> list[tuple[str | None, Any]]:
     """(input name or None, the input's values stacked) of a row request."""
+    if isinstance(instances, JsonNumbers) and instances.shape[0]:
+        return [(None, instances)]
     if not isinstance(instances, list) or not instances:
         raise malformed("'instances' must be a non-empty list (one entry per instance)")
     named = [_is_named(instance) for instance in instances]
@@ -219,8 +267,37 @@ def _fitted(shape: tuple[int, ...], spec: TensorSpec | None, count: int) -> tupl
     return shape
 
 
+def _numbers_tensor(name: str, where: str, numbers: JsonNumbers, spec: TensorSpec | None,
+                    budget: TensorBudget) -> Tensor:
+    """A tensor of numbers the fast reader read: what :func:`_tensor` makes
+    of the same values as Python objects."""
+    shape = numbers.shape
+    element_count(shape, where, budget.max_tensor_elements)
+    if spec is not None and not spec.parameters.get(ANY_DATATYPE):
+        datatype = spec.datatype
+    else:
+        datatype = "INT64" if numbers.values.size and numbers.values.dtype.kind in "iu" else "FP32"
+    if datatype == "BYTES":
+        raise invalid(f"{where}: BYTES values must be strings or {{\"b64\": \"...\"}} objects")
+    if datatype == "BOOL":
+        raise invalid(f"{where}: BOOL data must be true/false")
+    count = budget.claim(datatype, shape, where)
+    array = array_from_json(numbers, datatype, shape, count, where)
+    fitted = _fitted(shape, spec, count)
+    _check_fit(where, fitted, spec)
+    return Tensor(name, datatype, fitted, array.reshape(fitted))
+
+
+def _check_fit(where: str, shape: tuple[int, ...], spec: TensorSpec | None) -> None:
+    if spec is not None and spec.shape and not spec.parameters.get(ANY_DATATYPE) and not _fits(shape, spec.shape):
+        raise invalid(f"{where}: values of shape {list(shape)} do not fit the model's shape {list(spec.shape)} "
+                      "(-1: any size)")
+
+
 def _tensor(name: str, value: Any, spec: TensorSpec | None, budget: TensorBudget) -> Tensor:
     where = f"input '{name[:100]}'"
+    if isinstance(value, JsonNumbers):
+        return _numbers_tensor(name, where, value, spec, budget)
     shape_list, leaves = _shape_and_leaves(value, where, budget.max_tensor_elements)
     if spec is not None and not spec.parameters.get(ANY_DATATYPE):
         datatype = spec.datatype
@@ -236,9 +313,7 @@ def _tensor(name: str, value: Any, spec: TensorSpec | None, budget: TensorBudget
     else:
         array = array_from_json(leaves, datatype, (count,), count, where)
     shape = _fitted(shape, spec, count)
-    if spec is not None and spec.shape and not spec.parameters.get(ANY_DATATYPE) and not _fits(shape, spec.shape):
-        raise invalid(f"{where}: values of shape {list(shape)} do not fit the model's shape {list(spec.shape)} "
-                      "(-1: any size)")
+    _check_fit(where, shape, spec)
     return Tensor(name, datatype, shape, array.reshape(shape))
 
 
