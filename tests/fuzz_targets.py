@@ -26,14 +26,16 @@ with atheris.instrument_imports(include=["gateway"]):
     from gateway.config import Limits
     from gateway.errors import GatewayError
     from gateway.graphtensors import EDGE_TASKS, NODE_TASKS
-    from gateway.limits import check_json_depth
+    from gateway.limits import TensorBudget, check_json_depth
     from gateway.protocols.graphstorm import codec as graphstorm
     from gateway.protocols.graphstorm.schema import parse_schema
     from gateway.protocols.umbridge import codec as umbridge
     from gateway.protocols.umbridge import passthrough as umbridge_passthrough
+    from gateway.protocols.v1_rest import codec as v1_rest
     from gateway.protocols.v2_grpc import codec as v2_grpc
     from gateway.protocols.v2_grpc import messages as pb
     from gateway.protocols.v2_rest import codec as v2_rest
+    from gateway.types import TensorSpec
 
 LIMITS = Limits(max_request_bytes=1 << 20, max_tensor_elements=1 << 20, max_request_elements=1 << 20,
                 max_request_tensor_bytes=8 << 20, max_bytes_element=1 << 16)
@@ -85,12 +87,48 @@ def graphstorm_invocation(data: bytes) -> None:
         invocation.graph.to_tensors()
 
 
+# The V1 listener's model knowledge: none, two named inputs, a fixed shape
+# without batch dimension, an input of any datatype.
+V1_SPECS = ((), (TensorSpec("a", "INT32", (-1, 2)), TensorSpec("b", "BYTES", (-1,))),
+            (TensorSpec("x", "FP32", (2, 2)),), (TensorSpec("i", "BYTES", (-1,), {"any_datatype": True}),))
+
+
+def _v1_decoded(data: bytes, specs: tuple[TensorSpec, ...], fast_min_bytes: int) -> Any:
+    """The decoded request's tensors (name, datatype, shape, values), or its error message."""
+    try:
+        predict = v1_rest.decode_predict(data, specs, TensorBudget.of(LIMITS), fast_min_bytes)
+    except GatewayError as error:
+        return error.message
+    return predict, [(t.name, t.datatype, t.shape, t.data.tolist()) for t in predict.inputs]
+
+
+def v1_rest_predict(data: bytes) -> None:
+    """A :predict body against each kind of model knowledge, read by orjson
+    and by the fast reader (which must give the same tensors, or leave the
+    body to orjson), and its tensors encoded back as an answer (rows or
+    columns, as the body asked)."""
+    check_json_depth(data, LIMITS.max_json_depth, "the request body")
+    for specs in V1_SPECS:
+        reference = _v1_decoded(data, specs, len(data) + 1)
+        fast = _v1_decoded(data, specs, 0)
+        if isinstance(reference, str) or isinstance(fast, str):
+            assert reference == fast, (reference, fast)
+            continue
+        assert repr(reference[1]) == repr(fast[1]), (reference[1], fast[1])  # repr: NaN equals NaN
+        predict = reference[0]
+        try:
+            v1_rest.encode_answer(predict.inputs, predict.rows)
+        except GatewayError:
+            pass
+
+
 TARGETS: dict[str, Callable[[bytes], None]] = {
     "v2_rest_json": v2_rest_json,
     "v2_rest_binary": v2_rest_binary,
     "v2_grpc": v2_grpc_message,
     "umbridge": umbridge_call,
     "graphstorm": graphstorm_invocation,
+    "v1_rest": v1_rest_predict,
 }
 
 
@@ -123,6 +161,14 @@ def seeds(target: str) -> list[bytes]:
     if target == "graphstorm":
         return [(DATA / "movielens_realtime_payload.json").read_bytes().replace(
             b'"graph"', b'"targets": [{"node_type": "movie", "node_id": "m1"}], "graph"', 1)]
+    if target == "v1_rest":
+        return [b'{"instances": [{"a": [1, 2], "b": {"b64": "aGk="}}, {"a": [3, 4], "b": "x"}], '
+                b'"parameters": {"p": 1}}',
+                b'{"inputs": {"a": [[1, 2]], "b": ["\\u00e9"]}, "signature_name": "s"}',
+                b'{"instances": [[[1.5, 2], [3, 4]]]}', b'{"inputs": [true, false]}',
+                b'{"instances": ["a", {"b64": "/w=="}]}', b'{"inputs": 3}',
+                b'{"inputs": {"a": [[1, 2], [3, 4]], "b": [1.5]}, "instances": [[1e400, -0.0], [2, 3]]}',
+                b'{"instances": [[0.5, 1, 2], [3, 4, 5]], "parameters": {}}']
     raise KeyError(target)
 
 
@@ -135,6 +181,7 @@ def _checked(target: Callable[[bytes], None]) -> Callable[[bytes], None]:
             v2_grpc.encode_error(error)[1].encode("utf-8")
             umbridge.encode_error(error)
             graphstorm.encode_error(error, "")
+            v1_rest.encode_error(error)
 
     return run
 

@@ -33,7 +33,7 @@ def classic(config: str) -> str:
 def gateway(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> GatewayProcess:
     directory = tmp_path_factory.mktemp("stall")
     config = CONFIG if request.param == "fast-path" else classic(CONFIG)
-    assert config.count("fast_path: false") == (0 if request.param == "fast-path" else 3)
+    assert config.count("fast_path: false") == (0 if request.param == "fast-path" else 4)
     with GatewayProcess(write_config(directory, config), directory / "gateway.log") as gw:
         yield gw
 

@@ -120,7 +120,7 @@ def test_examples_exist_for_each_feature() -> None:
             "load-balancing", "health-and-outliers", "circuit-breaking", "kubernetes",
             # what users ask for (issue 19)
             "tls-and-mtls", "per-listener-auth", "umbridge-to-v2", "graphstorm-bridge",
-            "tritonclient-to-mlserver"} <= names
+            "tritonclient-to-mlserver", "v1-bridge"} <= names
 
 
 def _with_certificates(example: Path, directory: Path) -> Path:

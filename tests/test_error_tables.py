@@ -24,6 +24,7 @@ from gateway.protocols import registry
 from gateway.protocols.base import Frontend, UpstreamClient
 from gateway.protocols.graphstorm import codec as graphstorm
 from gateway.protocols.umbridge import codec as umbridge
+from gateway.protocols.v1_rest import codec as v1_rest
 from gateway.protocols.v1_rest import upstream_codec as v1_rest_upstream
 from gateway.protocols.v2_grpc import codec as v2_grpc
 from gateway.protocols.v2_rest import codec as v2_rest
@@ -50,12 +51,11 @@ NOT_ROUND_TRIPPED = {
 # sees that they go through the table rather than a copy of it.
 ENCODED: dict[str, Callable[[GatewayError], Any]] = {
     "v2-rest": lambda error: v2_rest.encode_error(error)[0],
+    "v1-rest": lambda error: v1_rest.encode_error(error)[0],
     "v2-grpc": lambda error: v2_grpc.encode_error(error)[0],
     "umbridge": lambda error: (orjson.loads(umbridge.encode_error(error)[1])["error"]["type"],
                                umbridge.encode_error(error)[0]),
     "graphstorm": lambda error: orjson.loads(graphstorm.encode_error(error, ""))["status_code"],
-    # The V1 upstream alone has no encoder yet: its listener's codec takes this place.
-    "v1-rest": lambda error: registry.load("v1-rest", "errors").downstream[error.kind],
 }
 DECODED: dict[str, Callable[[Any], GatewayError]] = {
     "v2-rest": lambda status: v2_rest.decode_error(status, b'{"error": "why"}', "up-7"),

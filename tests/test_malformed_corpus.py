@@ -1,9 +1,9 @@
-"""A corpus of malformed requests across the four listeners (V2 REST, V2
-gRPC, UM-Bridge, GraphStorm), each checked for the exact error form of its
+"""A corpus of malformed requests across the five listeners (V2 REST, V2
+gRPC, UM-Bridge, GraphStorm, V1 REST), each checked for the exact error form of its
 protocol (status, shape of the error body, words of the message) and
 followed by a good request on the same listener, which must still succeed.
 
-One gateway process serves all four listeners. Cases kept elsewhere are not
+One gateway process serves all five listeners. Cases kept elsewhere are not
 repeated here: tests/test_v2_rest_bad_input.py, test_grpc_frontend.py,
 test_umbridge_interop.py and test_graphstorm_gateway.py have their own; the
 limits have tests/test_limits.py.
@@ -34,6 +34,7 @@ listeners:
   - {{name: grpc, protocol: v2-grpc, address: "127.0.0.1:0"}}
   - {{name: umb, protocol: umbridge, address: "127.0.0.1:0"}}
   - {{name: gs, protocol: graphstorm, address: "127.0.0.1:0"}}
+  - {{name: v1, protocol: v1-rest, address: "127.0.0.1:0"}}
 upstreams:
   - {{name: local, protocol: builtin}}
 routes:
@@ -388,13 +389,76 @@ GRAPHSTORM_CASES = [
        headers={"Content-Encoding": "gzip"}),
 ]
 
-CASES = REST_CASES + GRPC_CASES + UMBRIDGE_CASES + GRAPHSTORM_CASES
+
+# --- V1 REST (TF Serving / KServe V1) ----------------------------------------------------
+
+V1_SIMPLE = "/v1/models/simple:predict"
+V1_IDENTITY = "/v1/models/identity:predict"
+ROW = {"INPUT0": list(range(16)), "INPUT1": [1] * 16}
+
+
+def v1(name: str, body: bytes | Any, status: int, words: str, path: str = V1_SIMPLE,
+       headers: dict[str, str] | None = None, method: str = "POST") -> Case:
+    data = body if isinstance(body, bytes) else orjson.dumps(body)
+    return Case(name, "v1", (method, path, data, headers or {}), status, words)
+
+
+V1_CASES = [
+    v1("empty body", b"", 400, "not valid JSON"),
+    v1("not UTF-8", b'{"instances": ["\xff"]}', 400, "not valid JSON"),
+    v1("trailing garbage", b'{"instances": [1]} x', 400, "not valid JSON"),
+    v1("a list", [ROW], 400, "must be a JSON object"),
+    v1("a string", "instances", 400, "must be a JSON object"),
+    v1("neither form", {"instance": [ROW]}, 400, "exactly one of 'instances'"),
+    v1("both forms", {"instances": [ROW], "inputs": ROW}, 400, "exactly one of 'instances'"),
+    v1("instances an object", {"instances": ROW}, 400, "'instances' must be a non-empty list"),
+    v1("instances a number", {"instances": 3}, 400, "'instances' must be a non-empty list"),
+    v1("instances empty", {"instances": []}, 400, "'instances' must be a non-empty list"),
+    v1("empty instance object", {"instances": [{}]}, 400, "empty object"),
+    v1("inputs an empty object", {"inputs": {}}, 400, "empty object"),
+    v1("objects mixed with values", {"instances": [ROW, 1]}, 400, "mixes objects"),
+    v1("instances name different inputs", {"instances": [ROW, {"INPUT0": ROW["INPUT0"]}]}, 400,
+       "must name the same inputs"),
+    v1("unnamed input of a two-input model", {"instances": [list(range(16))]}, 400, "takes 2 inputs"),
+    v1("unknown input", {"instances": [{**ROW, "INPUT9": [1]}]}, 400, "no input 'INPUT9'"),
+    v1("ragged rows", {"instances": [ROW, {**ROW, "INPUT0": [1, 2]}]}, 400, "ragged values"),
+    v1("list beside a value", {"inputs": {**ROW, "INPUT0": [[1] * 16, 1]}}, 400, "ragged values"),
+    v1("value beside a list", {"inputs": {**ROW, "INPUT0": [1, [1] * 16]}}, 400, "ragged values"),
+    v1("wrong shape", {"instances": [{**ROW, "INPUT0": [1] * 15}]}, 400, "do not fit the model's shape"),
+    v1("strings for INT32", {"instances": [{**ROW, "INPUT0": ["a"] * 16}]}, 400, "INT32 data must be integers"),
+    v1("floats for INT32", {"instances": [{**ROW, "INPUT0": [0.5] * 16}]}, 400, "INT32 data must be integers"),
+    v1("out of range for INT32", {"instances": [{**ROW, "INPUT0": [2 ** 40] * 16}]}, 400, "out of range"),
+    v1("null for INT32", {"instances": [{**ROW, "INPUT0": [None] * 16}]}, 400, "INT32 data must be integers"),
+    v1("parameters a list", {"instances": [ROW], "parameters": [1]}, 400, "'parameters' must be a JSON object"),
+    v1("parameter an object", {"instances": [ROW], "parameters": {"p": {}}}, 400, "must be a string, number"),
+    v1("mixed value types", {"instances": [1, "a"]}, 400, "values must be all numbers", path=V1_IDENTITY),
+    v1("null values", {"instances": [None]}, 400, "values must be all numbers", path=V1_IDENTITY),
+    v1("bad base64", {"instances": [{"b64": "***"}]}, 400, "not valid base64", path=V1_IDENTITY),
+    v1("b64 a number", {"instances": [{"b64": 5}]}, 400, "BYTES values must be strings", path=V1_IDENTITY),
+    v1("lone surrogate", b'{"instances": ["\\ud800"]}', 400, "not valid JSON", path=V1_IDENTITY),
+    v1("too deep", b'{"instances": ' + nest(200) + b"}", 400, "max_json_depth", path=V1_IDENTITY),
+    v1("too many elements", {"inputs": [0] * 200_000}, 413, "max_", path=V1_IDENTITY),
+    v1("BYTES element too long", {"instances": ["x" * 2000]}, 413, "max_bytes_element", path=V1_IDENTITY),
+    v1("unknown model", {"instances": [1]}, 404, "unknown model", path="/v1/models/nope:predict"),
+    v1("unknown version", {"instances": [ROW]}, 404, "unknown model", path="/v1/models/simple/versions/9:predict"),
+    v1("explain without explainer", {"instances": [1]}, 501, "no explainer", path="/v1/models/simple:explain"),
+    v1("classify", {"examples": []}, 501, ":classify is not offered", path="/v1/models/simple:classify"),
+    v1("regress", {"examples": []}, 501, ":regress is not offered", path="/v1/models/simple/versions/1:regress"),
+    v1("GET predict", b"", 404, "unknown model: 'simple:predict'", method="GET"),
+    v1("PUT predict", b"", 405, "method PUT is not allowed", method="PUT"),
+    v1("unsupported encoding", orjson.dumps({"instances": [ROW]}), 501, "unsupported Content-Encoding 'br'",
+       headers={"Content-Encoding": "br"}),
+    v1("gzip bomb", gzip.compress(b" " * (2 << 20)), 413, "inflates to more than the limit",
+       headers={"Content-Encoding": "gzip"}),
+]
+
+CASES = REST_CASES + GRPC_CASES + UMBRIDGE_CASES + GRAPHSTORM_CASES + V1_CASES
 
 
 def test_the_corpus_is_large_and_unique() -> None:
     assert len(CASES) >= 100
     assert len({(c.listener, c.name) for c in CASES}) == len(CASES)
-    assert {c.listener for c in CASES} == {"rest", "grpc", "umb", "gs"}
+    assert {c.listener for c in CASES} == {"rest", "grpc", "umb", "gs", "v1"}
 
 
 @pytest.fixture(scope="module")
@@ -431,6 +495,9 @@ def _still_serves(case: Case, gateway: GatewayProcess, http: requests.Session, c
     elif case.listener == "rest":
         reply = http.post(f"http://{gateway.url('rest')}{IDENTITY}", json={"inputs": [tensor()]}, timeout=10)
         assert reply.status_code == 200 and reply.json()["outputs"][0]["data"] == [1, 2]
+    elif case.listener == "v1":
+        reply = http.post(f"http://{gateway.url('v1')}{V1_SIMPLE}", json={"instances": [ROW]}, timeout=10)
+        assert reply.status_code == 200 and reply.json()["predictions"][0]["OUTPUT1"] == list(range(-1, 15))
     elif case.listener == "umb":
         reply = http.post(f"http://{gateway.url('umb')}/Evaluate", json=POINT, timeout=10)
         assert reply.json() == {"output": [[3.0, 3.0, 4.0]]}
@@ -456,7 +523,7 @@ def test_malformed_request(case: Case, gateway: GatewayProcess, http: requests.S
         assert reply.status_code == case.status, reply.text
         assert reply.headers["Content-Type"].startswith("application/json")
         answer = reply.json()
-        if case.listener == "rest":
+        if case.listener in ("rest", "v1"):
             assert set(answer) == {"error"} and case.words in answer["error"], answer
         elif case.listener == "umb":
             assert set(answer) == {"error"} and set(answer["error"]) == {"type", "message"}

@@ -25,8 +25,9 @@ from tritonclient.utils import InferenceServerException
 from gateway.config import parse_address, parse_config
 from gateway.confignode import ConfigError, Node
 from gateway.errors import ErrorKind, GatewayError
+from gateway.protocols.v1_rest import EXPLAIN_OPERATION
 from gateway.protocols.v1_rest import upstream_codec as codec
-from gateway.protocols.v1_rest.backend import EXPLAIN_OPERATION, V1RestClient
+from gateway.protocols.v1_rest.backend import V1RestClient
 from gateway.protocols.v1_rest.upstream_options import COLUMNAR, ROW, V1UpstreamOptions
 from gateway.services import GatewayServices
 from gateway.types import ExtensionRequest, InferRequest, RawPayload, RequestContext, Tensor, TensorSpec

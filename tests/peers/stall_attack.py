@@ -34,8 +34,13 @@ GZIP_BOMB = "gzip-bomb"
 DEEP_JSON = "deep-json"
 MANY_BYTES = "many-bytes"
 BIG_JSON = "1M-json"
-ATTACKS = (GZIP_BOMB, DEEP_JSON, MANY_BYTES, BIG_JSON)
+V1_BIG_JSON = "1M-v1-json"  # the V1 REST listener's row form
+ATTACKS = (GZIP_BOMB, DEEP_JSON, MANY_BYTES, BIG_JSON, V1_BIG_JSON)
+# (listener, path) of each attack: the V2 REST listener unless named here.
+TARGETS = {V1_BIG_JSON: ("v1", "/v1/models/identity:predict")}
+DEFAULT_TARGET = ("rest", "/v2/models/identity/infer")
 
+SMALL_PREDICT = orjson.dumps({"instances": [{"INPUT0": list(range(16)), "INPUT1": [1] * 16}]})
 SMALL_INFER = orjson.dumps({"inputs": [
     {"name": "INPUT0", "datatype": "INT32", "shape": [1, 16], "data": list(range(16))},
     {"name": "INPUT1", "datatype": "INT32", "shape": [1, 16], "data": [1] * 16}]})
@@ -71,6 +76,10 @@ def attack_body(kind: str, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
                                          "parameters": {"binary_data_size": len(pair) * count // 2}}]})
         return head + pair * (count // 2), {"Content-Type": "application/octet-stream",
                                             "Inference-Header-Content-Length": str(len(head))}
+    if kind == V1_BIG_JSON:
+        data = np.random.default_rng(0).random(1_000_000, dtype=np.float32)
+        return orjson.dumps({"instances": data}, option=orjson.OPT_SERIALIZE_NUMPY), {
+            "Content-Type": "application/json"}
     if kind == BIG_JSON:
         data = np.random.default_rng(0).random(1_000_000, dtype=np.float32)
         body = orjson.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1_000_000],
@@ -79,14 +88,16 @@ def attack_body(kind: str, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
     raise ValueError(kind)
 
 
-def _attacker(port: int, kind: str, seconds: float, counts: Any, index: int) -> None:
+def _attacker(ports: dict[str, int], kind: str, seconds: float, counts: Any, index: int) -> None:
     body, headers = attack_body(kind)
+    listener, path = TARGETS.get(kind, DEFAULT_TARGET)
+    port = ports[listener]
     deadline = time.monotonic() + seconds
     sent = 0
     while time.monotonic() < deadline:
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
         try:
-            conn.request("POST", "/v2/models/identity/infer", body=body, headers=headers)
+            conn.request("POST", path, body=body, headers=headers)
             reply = conn.getresponse()
             reply.read()
             counts[index * 4 + {200: 0, 413: 1, 503: 2}.get(reply.status, 3)] += 1
@@ -152,7 +163,7 @@ class StallResult:
 
 def run_attack(ports: dict[str, int], pid: int, attacks: list[str], seconds: float = 10.0,
                interval: float = 0.02) -> StallResult:
-    """Run ``attacks`` (one client each) against the gateway's REST listener
+    """Run ``attacks`` (one client each) against the gateway's REST listener (V1 ones: its V1 listener)
     for ``seconds`` while probing every listener; bounded in time."""
     import grpc
 
@@ -167,6 +178,9 @@ def run_attack(ports: dict[str, int], pid: int, attacks: list[str], seconds: flo
                                                 {"Content-Type": "application/json"}),
         "umbridge info": lambda: _http_probe(ports["umbridge"], "GET", "/Info"),
         "graphstorm ping": lambda: _http_probe(ports["gs"], "GET", "/ping"),
+        "v1 live": lambda: _http_probe(ports["v1"], "GET", "/"),
+        "v1 small predict": lambda: _http_probe(ports["v1"], "POST", "/v1/models/simple:predict", SMALL_PREDICT,
+                                                {"Content-Type": "application/json"}),
         "grpc live": lambda: _grpc_probe(live, pb.ServerLiveRequest()),
         "admin health": lambda: _http_probe(ports["admin"], "GET", "/healthz"),
     }
@@ -177,7 +191,7 @@ def run_attack(ports: dict[str, int], pid: int, attacks: list[str], seconds: flo
     peak = baseline
     counts = multiprocessing.get_context("spawn").Array("i", 4 * len(attacks))
     context = multiprocessing.get_context("spawn")
-    workers = [context.Process(target=_attacker, args=(ports["rest"], kind, seconds, counts, index), daemon=True)
+    workers = [context.Process(target=_attacker, args=(dict(ports), kind, seconds, counts, index), daemon=True)
                for index, kind in enumerate(attacks)]
     for worker in workers:
         worker.start()
@@ -216,6 +230,7 @@ listeners:
   - {name: rest, protocol: v2-rest, address: "127.0.0.1:0"}
   - {name: umbridge, protocol: umbridge, address: "127.0.0.1:0"}
   - {name: gs, protocol: graphstorm, address: "127.0.0.1:0", model: gnn}
+  - {name: v1, protocol: v1-rest, address: "127.0.0.1:0"}
   - {name: grpc, protocol: v2-grpc, address: "127.0.0.1:0"}
 """ + BUILTIN_BACKEND
 

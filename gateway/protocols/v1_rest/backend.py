@@ -32,6 +32,7 @@ from gateway.errors import ErrorKind, GatewayError, model_not_found
 from gateway.observe import PASSTHROUGH_REQUEST_ONLY, PASSTHROUGH_TRANSLATED
 from gateway.protocols.base import UpstreamClient
 from gateway.protocols.upstream import reading_reply, response_limit
+from gateway.protocols.v1_rest import EXPLAIN_OPERATION
 from gateway.protocols.v1_rest import upstream_codec as codec
 from gateway.protocols.v1_rest.upstream_options import V1UpstreamOptions, parse_upstream_options
 from gateway.tls import http_client_tls
@@ -50,7 +51,6 @@ PROTOCOL = "v1-rest"
 PLATFORM = "v1-rest"
 # call_extension's operation for a V1 ``:explain`` (ExtensionRequest whose
 # request is the routed InferRequest; answers a RawPayload of the JSON).
-EXPLAIN_OPERATION = "v1_explain"
 _TF_SERVING_AVAILABLE = "AVAILABLE"
 _MEASURED_BYTES_ELEMENTS = 256
 

@@ -1,6 +1,7 @@
-"""V1 REST's error table (KServe V1 / TF Serving answer ``{"error": ...}``
-with an HTTP status). Upstream statuses are read by kind, never passed on:
-a 4xx stays the client's error, a 5xx is the upstream's."""
+"""V1 REST's error table, both directions. V1 errors are ``{"error":
+"..."}`` with an HTTP status: the status is the form. An upstream's 4xx
+stays the client's error and its 5xx the upstream's (never passed through
+blindly; docs/architecture.md, "Errors")."""
 
 from __future__ import annotations
 
@@ -26,24 +27,35 @@ STATUS_OF_KIND: Mapping[ErrorKind, int] = MappingProxyType({
     ErrorKind.INTERNAL: 500,
 })
 
-# A V1 server's status as a kind. Other 4xx: the request's fault
-# (INVALID_INPUT); other 5xx: the server misbehaved (UPSTREAM_BAD_RESPONSE).
+# What the listener's own answers stand for when no handler noted an error
+# (metrics' outcome), and the kind of aiohttp's refusals (unknown path,
+# method): STATUS_OF_KIND read backwards, one kind per status.
+KIND_OF_HTTP_STATUS: Mapping[int, ErrorKind] = MappingProxyType({
+    400: ErrorKind.MALFORMED_REQUEST, 401: ErrorKind.UNAUTHENTICATED, 404: ErrorKind.MODEL_NOT_FOUND,
+    405: ErrorKind.UNSUPPORTED, 413: ErrorKind.TOO_LARGE, 429: ErrorKind.OVERLOADED, 500: ErrorKind.INTERNAL,
+    501: ErrorKind.UNSUPPORTED, 502: ErrorKind.UPSTREAM_BAD_RESPONSE, 503: ErrorKind.UPSTREAM_UNAVAILABLE,
+    504: ErrorKind.UPSTREAM_TIMEOUT,
+})
+
+# An upstream's status as a kind. Other 4xx: the request's fault
+# (INVALID_INPUT); other 5xx: the upstream misbehaved.
 KIND_OF_UPSTREAM_STATUS: Mapping[int, ErrorKind] = MappingProxyType({
     401: ErrorKind.UPSTREAM_BAD_RESPONSE,  # it refused the gateway's credential: not the client's problem
     403: ErrorKind.UPSTREAM_BAD_RESPONSE,
-    404: ErrorKind.MODEL_NOT_FOUND,  # KServe's ModelNotFound; TF Serving's unknown model or version
+    404: ErrorKind.MODEL_NOT_FOUND,
     413: ErrorKind.TOO_LARGE,
-    429: ErrorKind.UPSTREAM_OVERLOADED,  # the upstream's own limit, not the gateway's listener
-    501: ErrorKind.UNSUPPORTED,  # e.g. KServe's :explain of a model without an explainer
+    429: ErrorKind.UPSTREAM_OVERLOADED,  # the upstream's own limit, not the gateway's listener (OVERLOADED)
+    501: ErrorKind.UNSUPPORTED,
     502: ErrorKind.UPSTREAM_UNAVAILABLE,  # a proxy in front of it could not reach it
-    503: ErrorKind.UPSTREAM_UNAVAILABLE,  # KServe's ModelNotReady / ServerNotReady
+    503: ErrorKind.UPSTREAM_UNAVAILABLE,
     504: ErrorKind.UPSTREAM_TIMEOUT,
 })
 
 
 def kind_of_upstream_status(status: int) -> ErrorKind:
-    if status in KIND_OF_UPSTREAM_STATUS:
-        return KIND_OF_UPSTREAM_STATUS[status]
+    kind = KIND_OF_UPSTREAM_STATUS.get(status)
+    if kind is not None:
+        return kind
     return ErrorKind.INVALID_INPUT if 400 <= status < 500 else ErrorKind.UPSTREAM_BAD_RESPONSE
 
 

@@ -1,0 +1,153 @@
+"""V1 REST listener: TensorFlow Serving's / KServe V1's predict API for
+clients, any upstream behind it (the mapping: codec.py, docs/protocols.md).
+
+Every answer, errors included, is JSON; errors are ``{"error": "..."}``
+with the HTTP status of their kind (errors.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from gateway.budget import admit_json
+from gateway.cache import TtlCache
+from gateway.confignode import Node
+from gateway.errors import ErrorKind, GatewayError, unsupported
+from gateway.http.aiohttp_app import error_middleware
+from gateway.http.body import accepted_coding
+from gateway.http.exchange import Handler, HttpReply, HttpRequest, compress, json_reply
+from gateway.http.frontend import HttpFrontend
+from gateway.limits import TensorBudget
+from gateway.observe import REQUEST_ID_HEADER, Translating
+from gateway.protocols.v1_rest import EXPLAIN_OPERATION, codec, errors
+from gateway.routing import Route
+from gateway.types import InferRequest, RawPayload, RequestContext, TensorSpec
+
+PROTOCOL = codec.PROTOCOL
+DEFAULT_METADATA_TTL = 10.0
+_MODEL_PATHS = ("/v1/models/{model}", "/v1/models/{model}/versions/{version}")
+
+
+@dataclass(frozen=True, slots=True)
+class ListenerOptions:
+    # Seconds a model's input names/datatypes (its V2 metadata) are reused; 0: ask every call.
+    metadata_ttl: float = DEFAULT_METADATA_TTL
+
+
+class V1RestFrontend(HttpFrontend):
+    probe_paths = frozenset({"/"})
+    status_kinds = errors.KIND_OF_HTTP_STATUS
+
+    @classmethod
+    def parse_options(cls, node: Node) -> ListenerOptions:
+        value = node.duration("metadata_ttl", DEFAULT_METADATA_TTL)
+        return ListenerOptions(float(value) if value is not None else DEFAULT_METADATA_TTL)
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        options = self.listener.options
+        self.options = options if isinstance(options, ListenerOptions) else ListenerOptions()
+        self._inputs: TtlCache[tuple[TensorSpec, ...]] = TtlCache(self.options.metadata_ttl)
+
+    def error_reply(self, error: GatewayError, status: int | None) -> HttpReply:
+        default_status, body = codec.encode_error(error)
+        return json_reply(body, status or default_status)
+
+    def handlers(self) -> list[tuple[str, str, Handler]]:
+        handlers: list[tuple[str, str, Handler]] = [("GET", "/", self.live), ("GET", "/v1/models", self.models)]
+        for path in _MODEL_PATHS:
+            handlers += [("GET", path, self.model_ready), ("POST", path + ":predict", self.predict),
+                         ("POST", path + ":explain", self.explain), ("POST", path + ":classify", self.not_offered),
+                         ("POST", path + ":regress", self.not_offered)]
+        return handlers
+
+    def build_app(self) -> web.Application:
+        app = self.new_app([error_middleware(self.render_error, self.status_kinds)])  # V1 errors, no text pages
+        self.add_routes(app)
+        return app
+
+    @staticmethod
+    def _names(request: HttpRequest) -> tuple[str, str]:
+        return request.params["model"], request.params.get("version", "")
+
+    # --- the model behind a name -------------------------------------------
+
+    async def model_inputs(self, model: str, version: str, route: Route,
+                           ctx: RequestContext) -> tuple[TensorSpec, ...]:
+        """The model's inputs from its V2 metadata (cached per route, model
+        and version); empty when its upstream cannot say."""
+
+        async def load() -> tuple[TensorSpec, ...]:
+            try:
+                return (await self.dataplane.model_metadata(model, version, ctx)).inputs
+            except GatewayError as exc:
+                if exc.kind is ErrorKind.UNSUPPORTED:
+                    return ()
+                raise
+
+        return await self._inputs.get((route.index, model, version), load)
+
+    # --- handlers -------------------------------------------------------------
+
+    async def live(self, request: HttpRequest) -> HttpReply:
+        return json_reply(b'{"status":"alive"}')
+
+    async def models(self, request: HttpRequest) -> HttpReply:
+        ctx = request.ctx
+        names = await self.dataplane.list_models(ctx)
+        ctx.record.model = ctx.record.version = ctx.record.route = ""  # a listing names no model
+        return json_reply(codec.encode_models(names))
+
+    async def model_ready(self, request: HttpRequest) -> HttpReply:
+        model, version = self._names(request)
+        ready = await self.dataplane.model_ready(model, version, request.ctx)
+        return json_reply(codec.encode_model_ready(model, ready), 200 if ready else 503)
+
+    async def predict(self, request: HttpRequest) -> HttpReply:
+        model, version = self._names(request)
+        ctx = request.ctx
+        # Routed before the body is read: an unknown model is 404 whatever the body holds.
+        route = self.dataplane.resolve(model, version, ctx)
+        body = await request.read()
+        reservation = request.reservation()
+        limits = self.services.config.limits
+        offload = self.services.offload
+        # Nesting checked and what parsing builds charged to the memory budget first.
+        await admit_json(body, reservation, offload, limits, "the request body")
+        specs = await self.model_inputs(model, version, route, ctx)
+        with Translating(ctx.record, "decode"):
+            predict = await offload.run(len(body), codec.decode_predict, body, specs,
+                                        TensorBudget.of(limits, reservation.grow))
+        del body
+        infer_request = InferRequest(model, version, ctx.request_id, predict.inputs, parameters=predict.parameters)
+        response = await self.dataplane.infer(infer_request, ctx)
+        infer_request.inputs = []  # let the request go before the answer is built
+        size = codec.answer_size(response.outputs)
+        reservation.grow(size)
+        with Translating(ctx.record, "encode"):
+            answer = await offload.run(size, codec.encode_answer, response.outputs, predict.rows)
+        reply = HttpReply(200, [answer], codec.JSON_TYPE, {REQUEST_ID_HEADER: ctx.request_id})
+        return await compress(reply, accepted_coding(request.headers.get("accept-encoding", "")), offload)
+
+    async def not_offered(self, request: HttpRequest) -> HttpReply:
+        """TF Serving's Example-based APIs: tf.Example protos have no
+        canonical tensor form (a V1 server's own :predict serves them)."""
+        verb = request.path.rpartition(":")[2]
+        raise unsupported(f":{verb} is not offered; use :predict with 'instances' or 'inputs'")
+
+    async def explain(self, request: HttpRequest) -> HttpReply:
+        """Forwarded as it is to upstreams that offer EXPLAIN_OPERATION (V1
+        servers); 501 elsewhere: no translation can make an explainer."""
+        model, version = self._names(request)
+        ctx = request.ctx
+        route = self.dataplane.resolve(model, version, ctx)
+        if not self.dataplane.offers(route, EXPLAIN_OPERATION):
+            raise unsupported(f"model '{model}' has no explainer: :explain reaches V1 upstreams only")
+        body = await request.read()
+        await admit_json(body, request.reservation(), self.services.offload, self.services.config.limits,
+                         "the request body")
+        call = InferRequest(model, version, ctx.request_id, raw=RawPayload(PROTOCOL, body, codec.JSON_TYPE))
+        answer: bytes = await self.dataplane.call_extension(EXPLAIN_OPERATION, call, ctx)
+        return HttpReply(200, [answer], codec.JSON_TYPE, {REQUEST_ID_HEADER: ctx.request_id})
