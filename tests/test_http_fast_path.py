@@ -350,3 +350,31 @@ def _send_quietly(sock: socket.socket, data: bytes) -> None:
         sock.sendall(data)
     except OSError:
         pass  # closed by the test
+
+
+async def test_a_handler_answer_that_is_not_bytes_is_a_500_not_a_hung_client(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A handler's bug (a body part that is not bytes-like) must still
+    answer: the protocol's 500, and the connection goes on serving."""
+    import asyncio
+
+    from gateway.http.exchange import HttpReply
+    from gateway.protocols.v2_rest.frontend import V2RestFrontend
+    from support import BUILTIN_REST_CONFIG, InProcessGateway
+
+    async def broken(self: V2RestFrontend, request: object) -> HttpReply:
+        return HttpReply(200, [object()])
+
+    monkeypatch.setattr(V2RestFrontend, "live", broken)
+    async with InProcessGateway(BUILTIN_REST_CONFIG) as gw:
+        reader, writer = await asyncio.open_connection("127.0.0.1", gw.gateway.ports["rest"])
+        try:
+            writer.write(LIVE + b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n\r\n")
+            first = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+            assert first.startswith(b"HTTP/1.1 500"), first
+            length = int(first.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+            assert b"internal error" in await asyncio.wait_for(reader.readexactly(length), 5)
+            second = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+            assert second.startswith(b"HTTP/1.1 200"), second
+        finally:
+            writer.close()

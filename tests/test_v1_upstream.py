@@ -10,6 +10,8 @@ UM-Bridge -> V2 mapping. The codec's pure functions are checked at the end.
 from __future__ import annotations
 
 import dataclasses
+import json
+import subprocess
 from collections.abc import AsyncIterator, Iterator
 
 import numpy as np
@@ -31,6 +33,7 @@ from gateway.protocols.v1_rest.backend import V1RestClient
 from gateway.protocols.v1_rest.upstream_options import COLUMNAR, ROW, V1UpstreamOptions
 from gateway.services import GatewayServices
 from gateway.types import ExtensionRequest, InferRequest, RawPayload, RequestContext, Tensor, TensorSpec
+from peers.kserve import VENV as KSERVE_VENV
 from peers.kserve import KServePeer, kserve  # noqa: F401 - the session-wide KServe fixture
 from support import GatewayProcess, write_config
 
@@ -44,7 +47,9 @@ listeners:
   - {{name: rest, protocol: v2-rest, address: "127.0.0.1:0"}}
   - {{name: grpc, protocol: v2-grpc, address: "127.0.0.1:0"}}
   - {{name: umb, protocol: umbridge, address: "127.0.0.1:0"}}
+  - {{name: v1, protocol: v1-rest, address: "127.0.0.1:0"}}
 upstreams:
+  - {{name: local, protocol: builtin, models: [simple]}}
   - name: v1
     protocol: v1-rest
     endpoints: ["{peer.address}"]
@@ -61,6 +66,7 @@ upstreams:
     request_format: inputs
     output_name: y
 routes:
+  - {{match: {{model: simple}}, upstream: local}}
   - {{match: {{model: doubler_columnar}}, upstream: v1-columnar, rewrite: {{model: doubler}}}}
   - match: {{model: doubler, listener: umb}}
     upstream: v1
@@ -198,6 +204,63 @@ def test_what_the_v1_server_receives(gateway: GatewayProcess, kserve: KServePeer
     _http_infer(httpclient.InferenceServerClient(gateway.url("rest")), "echo", {"s": items}, {"s": "BYTES"}, True)
     assert kserve.echo_calls()[seen:] == [{"instances": ["a\u00e9", "b"], "parameters": {"tag": "t1"}},
                                           {"instances": [{"b64": "/w=="}]}]
+
+
+# --- V1 clients: the V1 listener in front of the V1 server (and of a V2 model) ------------------
+
+# KServe's own V1 REST client (kserve.InferenceRESTClient), run in the
+# KServe peer's virtualenv: it prints each answer (or error) as one JSON line.
+KSERVE_CLIENT = """
+import asyncio, json, sys
+from kserve import InferenceRESTClient, RESTConfig
+
+async def main(base_url):
+    client = InferenceRESTClient(RESTConfig(protocol="v1", retries=0))
+    for model, data in json.loads(sys.stdin.read()):
+        try:
+            answer = await client.infer(base_url, data, model_name=model)
+            print(json.dumps({"answer": answer}))
+        except Exception as error:
+            print(json.dumps({"error": type(error).__name__, "message": str(error)}))
+    await client.close()
+
+asyncio.run(main(sys.argv[1]))
+"""
+
+
+def _kserve_client(gateway: GatewayProcess, calls: list[tuple[str, object]]) -> list[dict[str, object]]:
+    result = subprocess.run([str(KSERVE_VENV / "bin" / "python"), "-c", KSERVE_CLIENT,
+                             f"http://{gateway.url('v1')}"], input=json.dumps(calls), capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return [json.loads(line) for line in result.stdout.splitlines()]
+
+
+def test_kserves_own_v1_client_through_the_gateway(gateway: GatewayProcess) -> None:
+    simple = {"instances": [{"INPUT0": list(range(16)), "INPUT1": [1] * 16}]}
+    answers = _kserve_client(gateway, [
+        ("doubler", {"instances": [[1, 2], [3, 4]]}),  # V1 -> V1 server
+        ("simple", simple),  # V1 -> a V2 model (builtin), names from its metadata
+        ("nope", {"instances": [[1]]}),
+    ])
+    assert answers[0] == {"answer": {"predictions": [[2, 4], [6, 8]]}}
+    prediction = answers[1]["answer"]["predictions"][0]  # type: ignore[index]
+    assert prediction == {"OUTPUT0": list(range(1, 17)), "OUTPUT1": list(range(-1, 15))}
+    assert "error" in answers[2] and "nope" in str(answers[2]["message"])
+
+
+def test_plain_v1_http_to_the_v1_server(gateway: GatewayProcess) -> None:
+    base = f"http://{gateway.url('v1')}/v1/models"
+    reply = requests.post(f"{base}/summer:predict", timeout=30,
+                          json={"instances": [{"a": [1, 2], "b": [3]}, {"a": [4, 5], "b": [6]}]})
+    assert reply.status_code == 200 and reply.json() == {"predictions": [6, 15]}, reply.text
+    reply = requests.post(f"{base}/labeller:explain", json={"instances": [[1, 2]]}, timeout=30)
+    assert reply.status_code == 200 and reply.json() == {"explanations": [{"total": 3, "threshold": 10}]}
+    assert requests.get(f"{base}/doubler", timeout=30).json() == {"name": "doubler", "ready": True}
+    reply = requests.post(f"{base}/broken:predict", json={"instances": [[1]]}, timeout=30)
+    assert reply.status_code == 502 and set(reply.json()) == {"error"}  # the server's 500, in V1's form
+    reply = requests.post(f"{base}/doubler:predict", json={"instances": [[1, 2], [3]]}, timeout=30)
+    assert reply.status_code == 400 and "error" in reply.json()
 
 
 # --- errors ---------------------------------------------------------------------------

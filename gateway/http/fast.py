@@ -472,7 +472,7 @@ class FastConnection(asyncio.Protocol):
                   type(exc).__name__)
         self._closing = True
         reply = self.listener.render(error, getattr(error, "http_status", 400))
-        self._write_small(reply)
+        self._write_small(reply, reply.size)
         self._close()
 
     def _hand_off(self) -> None:
@@ -526,9 +526,15 @@ class FastConnection(asyncio.Protocol):
         if not record.outcome:
             record.outcome = outcome_of_status(reply.status, listener.status_kinds)
         record.request_bytes = request.filled
+        try:
+            size = reply.size
+        except TypeError:  # a handler's bug (a part that is not bytes-like): its 500, never a hung client
+            log.exception("the answer to %s %s is not bytes", request.method, request.path)
+            reply = listener.render(GatewayError(ErrorKind.INTERNAL, "internal error"), None)
+            record.status, record.outcome, size = str(reply.status), ErrorKind.INTERNAL.value, reply.size
         self._writing = True
         try:
-            record.response_bytes = await self._write(reply)
+            record.response_bytes = await self._write(reply, size)
         except ConnectionError:
             record.status, record.outcome = "499", OUTCOME_CANCELLED
         finally:
@@ -633,23 +639,22 @@ class FastConnection(asyncio.Protocol):
         lines.append(b"\r\n")
         return b"".join(lines)
 
-    def _write_small(self, reply: HttpReply) -> int:
-        size = reply.size
+    def _write_small(self, reply: HttpReply, size: int) -> int:
         if self.transport is not None:
             self.transport.write(b"".join([self._head(reply, size), *reply.parts]))
         return size
 
-    async def _write(self, reply: HttpReply) -> int:
-        """Write the answer; its body size. Big bodies go a slice at a time,
-        each once the transport's buffer has drained (no whole copy there)."""
-        size = reply.size
+    async def _write(self, reply: HttpReply, size: int) -> int:
+        """Write the answer (``size``: its body's); that size. Big bodies go a
+        slice at a time, each once the transport's buffer has drained (no
+        whole copy there)."""
         if self._writable is not None and not self._writable.done():
             await self._writable  # a client that does not read its answers gets no more of them meanwhile
         transport = self.transport
         if transport is None or transport.is_closing():
             raise ConnectionResetError("the client closed the connection")
         if size <= SMALL_ANSWER:
-            return self._write_small(reply)
+            return self._write_small(reply, size)
         transport.write(self._head(reply, size))
         for part in reply.parts:
             view = memoryview(part).cast("B")

@@ -149,5 +149,8 @@ class V1RestFrontend(HttpFrontend):
         await admit_json(body, request.reservation(), self.services.offload, self.services.config.limits,
                          "the request body")
         call = InferRequest(model, version, ctx.request_id, raw=RawPayload(PROTOCOL, body, codec.JSON_TYPE))
-        answer: bytes = await self.dataplane.call_extension(EXPLAIN_OPERATION, call, ctx)
-        return HttpReply(200, [answer], codec.JSON_TYPE, {REQUEST_ID_HEADER: ctx.request_id})
+        answer = await self.dataplane.call_extension(EXPLAIN_OPERATION, call, ctx)
+        if not isinstance(answer, RawPayload):
+            raise GatewayError(ErrorKind.INTERNAL, f"the upstream's explanation came as {type(answer).__name__}")
+        return HttpReply(200, [answer.body], answer.content_type or codec.JSON_TYPE,
+                         {REQUEST_ID_HEADER: ctx.request_id})
