@@ -24,18 +24,15 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from gateway.budget import Reservation
 from gateway.errors import ErrorKind, GatewayError
 from gateway.observe import OUTCOME_CANCELLED, finish_request
-from gateway.protocols.base import StreamedResponse
+from gateway.protocols.base import DataPlaneApi, StreamedResponse
 from gateway.protocols.v2_grpc import codec, rawwire
 from gateway.protocols.v2_grpc import messages as pb
-from gateway.types import InferRequest, RequestContext
-
-if TYPE_CHECKING:
-    from gateway.protocols.v2_grpc.frontend import V2GrpcFrontend
+from gateway.types import InferRequest, InferResponse, RequestContext
 
 log = logging.getLogger(__name__)
 
@@ -88,10 +85,27 @@ def sequence_key(request: InferRequest) -> Any:
     return value if value not in (None, 0, "") else None
 
 
+class StreamHost(Protocol):
+    """What a session needs of its listener (frontend.V2GrpcFrontend)."""
+
+    services: Any
+    dataplane: DataPlaneApi
+    active: int  # requests in flight on the listener, streams' included
+
+    @property
+    def max_active(self) -> int: ...
+
+    def stream_request_context(self, stream_ctx: RequestContext) -> RequestContext: ...
+
+    async def decode_request(self, data: bytes, ctx: RequestContext, reservation: Reservation) -> InferRequest: ...
+
+    async def encode_reply(self, response: InferResponse, ctx: RequestContext, reservation: Reservation) -> bytes: ...
+
+
 class StreamSession:
     """One ModelStreamInfer call."""
 
-    def __init__(self, frontend: V2GrpcFrontend, context: Any, stream_ctx: RequestContext) -> None:
+    def __init__(self, frontend: StreamHost, context: Any, stream_ctx: RequestContext) -> None:
         self.frontend = frontend
         self.services = frontend.services
         self.context = context
