@@ -207,6 +207,9 @@ def test_decoupled_model_over_unary_infer_is_refused(gateway: GatewayProcess) ->
     with grpcclient.InferenceServerClient(gateway.url("grpc")) as client:
         with pytest.raises(InferenceServerException) as caught:
             client.infer("repeat_int32", repeat_inputs([1]))
+        # What clients read to know they must open a stream (Triton's config field).
+        assert client.get_model_config("repeat_int32").config.model_transaction_policy.decoupled is True
+        assert client.get_model_config("simple").config.model_transaction_policy.decoupled is False
     assert caught.value.status() == "StatusCode.UNIMPLEMENTED"
     assert "ModelInfer RPC doesn't support models with decoupled transaction policy" in caught.value.message()
 

@@ -19,9 +19,9 @@ from collections.abc import AsyncIterator
 
 import numpy as np
 
-from gateway.builtin.models import MODEL_VERSION, BuiltinModel
+from gateway.builtin.models import MODEL_VERSION, PLATFORM, BuiltinModel
 from gateway.errors import invalid, unsupported
-from gateway.types import InferRequest, InferResponse, Tensor, TensorSpec
+from gateway.types import DECOUPLED_PARAMETER, InferRequest, InferResponse, ModelMetadata, Tensor, TensorSpec
 
 # Bounds so one request cannot hold the model (WAIT) or a stream slot
 # (DELAY) for long; the demo needs seconds at most.
@@ -37,6 +37,10 @@ def decoupled_refusal(model: str) -> str:
 
 class DecoupledModel(BuiltinModel):
     """A model whose answer is a stream of responses (``responses``)."""
+
+    def metadata(self) -> ModelMetadata:
+        return ModelMetadata(self.name, (MODEL_VERSION,), PLATFORM, self.inputs, self.outputs,
+                             {DECOUPLED_PARAMETER: True})
 
     def compute(self, inputs: dict[str, Tensor]) -> list[Tensor]:
         raise unsupported(decoupled_refusal(self.name))
