@@ -39,6 +39,9 @@ DEFAULT_IDLE_TIMEOUT = 75.0  # above common load balancers' 60 s idle, as nginx
 DEFAULT_BODY_TIMEOUT = 60.0
 DEFAULT_MAX_CONNECTIONS = 1024
 DEFAULT_MAX_CONCURRENT_REQUESTS = 256
+DEFAULT_MAX_OPEN_STREAMS = 128
+DEFAULT_MAX_STREAM_REQUESTS = 16
+DEFAULT_STREAM_BUFFER_RESPONSES = 16
 # Per worker: bodies and decoded tensors of every request in flight together
 # (docs/security.md#memory-budget gives the worst case per worker).
 DEFAULT_MAX_INFLIGHT_BYTES = 512 << 20
@@ -116,6 +119,11 @@ class Limits:
     max_connections: int = DEFAULT_MAX_CONNECTIONS  # per listener
     max_concurrent_requests: int = DEFAULT_MAX_CONCURRENT_REQUESTS  # per listener; more: overloaded
     max_inflight_bytes: int = DEFAULT_MAX_INFLIGHT_BYTES  # per worker: the memory budget; more: refused
+    # Streams (gRPC ModelStreamInfer, docs/grpc.md#modelstreaminfer): open streams per listener, requests
+    # of one stream in flight (more wait unread), responses waiting for a slow reader per stream.
+    max_open_streams: int = DEFAULT_MAX_OPEN_STREAMS
+    max_stream_requests: int = DEFAULT_MAX_STREAM_REQUESTS
+    stream_buffer_responses: int = DEFAULT_STREAM_BUFFER_RESPONSES
 
 
 @dataclass(frozen=True, slots=True)
@@ -959,6 +967,10 @@ def _limits(node: Node) -> Limits:
         max_connections=node.integer("max_connections", DEFAULT_MAX_CONNECTIONS, minimum=1),
         max_concurrent_requests=node.integer("max_concurrent_requests", DEFAULT_MAX_CONCURRENT_REQUESTS, minimum=1),
         max_inflight_bytes=node.size("max_inflight_bytes", DEFAULT_MAX_INFLIGHT_BYTES),
+        max_open_streams=node.integer("max_open_streams", DEFAULT_MAX_OPEN_STREAMS, minimum=1),
+        max_stream_requests=node.integer("max_stream_requests", DEFAULT_MAX_STREAM_REQUESTS, minimum=1),
+        stream_buffer_responses=node.integer("stream_buffer_responses", DEFAULT_STREAM_BUFFER_RESPONSES,
+                                             minimum=1),
     )
     if (isinstance(limits.max_inflight_bytes, int) and isinstance(limits.max_request_bytes, int)
             and limits.max_inflight_bytes < limits.max_request_bytes):

@@ -62,6 +62,8 @@ TRANSLATION_BUCKETS = (0.00001, 0.00003, 0.0001, 0.0003, 0.001, 0.003, 0.01, 0.0
 SIZE_BUCKETS = tuple(float(64 * 8**i) for i in range(9))
 # 1 ms .. 10 s: a healthy loop wakes within a millisecond or two; beyond tens
 # of milliseconds something held it.
+# Responses to one request of a stream: 1 for a unary model, many for a decoupled one.
+STREAM_RESPONSE_BUCKETS = (0.0, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 5000.0)
 LOOP_LAG_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
 
 NO_MODEL = ""  # requests that name no model (health, server metadata)
@@ -239,6 +241,17 @@ class GatewayMetrics:
             "gateway_dns_resolution_failures", "Resolutions of an upstream endpoint name that failed (the "
             "last known addresses are kept).", ("upstream",), registry=r)
 
+        # Streams (gRPC ModelStreamInfer): a block of its own, by listener and protocol.
+        self.open_streams = Gauge(
+            "gateway_open_streams", "Open streams (gRPC ModelStreamInfer calls).",
+            ("listener", "protocol"), multiprocess_mode="livesum", registry=r)
+        self.stream_responses = Histogram(
+            "gateway_stream_responses_per_request", "Responses sent for one request of a stream (an error "
+            "counts as one).", ("listener", "protocol"), buckets=STREAM_RESPONSE_BUCKETS, registry=r)
+        self.stream_first_response = Histogram(
+            "gateway_stream_first_response_seconds", "Time from reading a request of a stream to its first "
+            "response being ready to send.", ("listener", "protocol"), buckets=LATENCY_BUCKETS, registry=r)
+
         self.build_info.labels(version, platform.python_version()).set(1)
         self.worker_processes.set(1)
         for result in ("success", "failure"):
@@ -269,6 +282,17 @@ class GatewayMetrics:
     def requests_in_flight(self, listener: str, protocol: str) -> Any:
         """The pre-bound in-flight gauge of one listener (``inc``/``dec``)."""
         return self.in_flight.labels(listener, protocol)
+
+    def streams_open(self, listener: str, protocol: str) -> Any:
+        """The pre-bound open-streams gauge of one listener (``inc``/``dec``)."""
+        return self.open_streams.labels(listener, protocol)
+
+    def observe_stream_request(self, listener: str, protocol: str, responses: int,
+                               first_response_seconds: float | None) -> None:
+        """One finished request of a stream: its responses, and how soon the first came."""
+        self.stream_responses.labels(listener, protocol).observe(responses)
+        if first_response_seconds is not None:
+            self.stream_first_response.labels(listener, protocol).observe(first_response_seconds)
 
     def upstream_call(self, record: RequestRecord, upstream: str, endpoint: str,
                       deadline: asyncio.Timeout | None = None) -> UpstreamCall:

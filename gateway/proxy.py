@@ -36,7 +36,7 @@ from gateway.extensions.statistics import batch_size
 from gateway.metrics import metrics_hook, metrics_of
 from gateway.modelnames import check_model
 from gateway.observe import RequestRecord
-from gateway.protocols.base import UpstreamClient
+from gateway.protocols.base import StreamedResponse, UpstreamClient
 from gateway.protocols.upstream import without_addresses
 from gateway.retry import PER_TRY_TIMEOUT, TIMEOUT, backoff_delay, error_chain, failure_reason
 from gateway.routing import Route, RouteTable, shadow_warnings
@@ -411,16 +411,48 @@ class DataPlane:
                                         sequence=sequence)
         finally:
             generation.exit()
-        response.model_name = asked_model
-        if route.config.rewrite.version is not None:
-            response.model_version = asked_version
-        if not response.id:
-            response.id = request.id
-        # An answer relayed undecoded (raw, no outputs) was selected by the
-        # upstream itself; decoded ones (raw may be kept beside them) here.
-        if request.outputs and (response.raw is None or response.outputs):
-            response.outputs = select_outputs(response, request, asked_model)
-        return response
+        return _as_asked(response, request, route)
+
+    async def infer_stream(self, request: InferRequest, ctx: RequestContext,
+                           deliver: Callable[[StreamedResponse], Awaitable[None]]) -> None:
+        """``infer`` for a stream (no mirrors): each of the upstream's responses
+        goes to ``deliver`` as it comes, awaited, so a slow reader slows the
+        upstream. The route's timeout bounds the whole request. Retried as
+        ``infer`` until a response was delivered; a failure after that ends
+        the request unretried (the client holds part of the answer)."""
+        generation = self._current
+        generation.enter()
+        try:
+            route = self._resolve(generation, request.model_name, request.model_version, ctx)
+            ctx.record.batch_size = batch_size(request.inputs)
+            model, version = self._target(route, request.model_name, request.model_version)
+            upstream_request = request if (model, version) == (request.model_name, request.model_version) \
+                else dataclasses.replace(request, model_name=model, model_version=version)
+            broken: list[Exception] = []
+
+            async def relay(client: UpstreamClient) -> None:
+                delivered = False
+                try:
+                    async for part in client.infer_stream(upstream_request, ctx):
+                        part.response = _as_asked(part.response, request, route)
+                        delivered = True
+                        await deliver(part)
+                except Exception as exc:
+                    if not delivered:
+                        raise
+                    broken.append(exc)
+
+            sequence = sequence_step(request.parameters) if request.parameters else None
+            await self._call(generation, route, ctx, relay, sequence=sequence)
+        finally:
+            generation.exit()
+        if broken:
+            error = broken[0]
+            if isinstance(error, GatewayError):
+                raise error
+            log.warning("request %s: upstream %s failed mid-stream: %r", ctx.request_id, ctx.record.upstream, error)
+            raise GatewayError(ErrorKind.UPSTREAM_UNAVAILABLE, f"upstream '{ctx.record.upstream}' failed "
+                               f"mid-stream ({type(error).__name__})")
 
     async def model_metadata(self, model: str, version: str, ctx: RequestContext) -> ModelMetadata:
         generation = self._current
@@ -559,6 +591,21 @@ def _without_address(error: GatewayError, endpoint: str) -> GatewayError:
         error.message = message
         error.args = (message,)
     return error
+
+
+def _as_asked(response: InferResponse, request: InferRequest, route: Route) -> InferResponse:
+    """An upstream's answer under the model name (and version) the client
+    asked for, with its id and the outputs it asked for."""
+    response.model_name = request.model_name
+    if route.config.rewrite.version is not None:
+        response.model_version = request.model_version
+    if not response.id:
+        response.id = request.id
+    # An answer relayed undecoded (raw, no outputs) was selected by the
+    # upstream itself; decoded ones (raw may be kept beside them) here.
+    if request.outputs and (response.raw is None or response.outputs):
+        response.outputs = select_outputs(response, request, request.model_name)
+    return response
 
 
 def select_outputs(response: InferResponse, request: InferRequest, model: str) -> list[Any]:

@@ -331,6 +331,9 @@ DERIVATIVE_KINDS = ("Gradient", "ApplyJacobian", "ApplyHessian")
 # features a model offers ("Evaluate,Gradient,...").
 CONFIG_PARAMETER = "umbridge_config"
 SUPPORT_PARAMETER = "umbridge_support"
+# In model metadata: the model answers zero or many responses per request
+# (Triton's decoupled transaction policy), so only through a stream.
+DECOUPLED_PARAMETER = "decoupled"
 
 
 def config_from_text(text: Any) -> dict[str, Any]:

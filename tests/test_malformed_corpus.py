@@ -259,8 +259,6 @@ GRPC_CASES = [
     grpc_case("forward wrong datatype", infer(("input_0", "FP32", [2]), ("input_1", "FP64", [1]), model="forward",
                                               raw=[b"\0" * 8, b"\0" * 8]), "INVALID_ARGUMENT",
               "input 'input_0' of model 'forward' must be FP64, got FP32"),
-    grpc_case("streaming is not offered", infer(("INPUT0", "UINT8", [1]), raw=[b"\1"]), "UNIMPLEMENTED", "",
-              "ModelStreamInfer"),
 ]
 
 

@@ -111,6 +111,7 @@ def chain(tmp_path: Path) -> Iterator[tuple[GatewayProcess, list[GatewayProcess]
 @pytest.mark.parametrize("example, listener", [
     ("simple_http_sequence_sync_infer_client.py", "rest"),
     ("simple_grpc_sequence_sync_infer_client.py", "grpc"),
+    ("simple_grpc_sequence_stream_infer_client.py", "grpc"),  # a stream in front, unary calls behind
 ])
 @pytest.mark.parametrize("dyna", [False, True])
 def test_triton_sequence_examples_pass_over_two_endpoints(chain: tuple[GatewayProcess, list[GatewayProcess]],

@@ -238,7 +238,7 @@ def test_repository_index_lists_routed_models_with_their_state(
         grpc_client: grpcclient.InferenceServerClient) -> None:
     index = {entry["name"]: entry for entry in http.get_model_repository_index()}
     assert {"simple", "simple_string", "identity", "forward", "trig", "gnn", "simple_sequence",
-            "simple_dyna_sequence", "simple_string_dyna_sequence", "offline"} == set(index)
+            "simple_dyna_sequence", "simple_string_dyna_sequence", "repeat_int32", "offline"} == set(index)
     assert index["simple"]["state"] == "READY"
     assert index["offline"]["state"] == "UNAVAILABLE" and "gone" in index["offline"]["reason"]
     over_grpc = {m.name: (m.state, m.reason) for m in grpc_client.get_model_repository_index().models}
@@ -349,17 +349,17 @@ def test_calls_the_gateway_cannot_honour_are_refused_with_a_reason(
         assert info.value.message().startswith(f"{extension}: "), (name, info.value.message())
 
 
-def test_streaming_is_refused_with_a_reason(grpc_client: grpcclient.InferenceServerClient) -> None:
-    errors: list[Any] = []
-    grpc_client.start_stream(callback=lambda result, error: errors.append(error))
-    try:  # refused as the call opens, before any request is read
-        wait_for(lambda: errors, 5, "the stream's answer")
-        with pytest.raises(InferenceServerException):
-            grpc_client.async_stream_infer("simple", _inputs(grpcclient, _simple(1)))
+def test_streaming_is_served(grpc_client: grpcclient.InferenceServerClient) -> None:
+    """ModelStreamInfer is no refused extension (tests/test_grpc_stream.py covers it)."""
+    answers: list[Any] = []
+    grpc_client.start_stream(callback=lambda result, error: answers.append((result, error)))
+    try:
+        grpc_client.async_stream_infer("simple", _inputs(grpcclient, _simple(1)), request_id="s")
+        wait_for(lambda: answers, 5, "the stream's answer")
     finally:
         grpc_client.stop_stream()
-    assert errors[0].status() == "StatusCode.UNIMPLEMENTED"
-    assert errors[0].message().startswith("ModelStreamInfer: streaming inference is not offered")
+    result, error = answers[0]
+    assert error is None and result.get_response().id == "s"
 
 
 # --- server identity: the advertised list is what is served ---------------------------------

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from gateway.builtin.decoupled import DecoupledModel, RepeatInt32, decoupled_refusal
 from gateway.builtin.gnn import GnnModel, GnnSettings, parse_gnn_settings
 from gateway.builtin.models import MODEL_VERSION, AddSub, BuiltinModel, Forward, Identity, Trig
 from gateway.builtin.sequences import (
@@ -17,8 +18,8 @@ from gateway.builtin.sequences import (
     StringDynaSequence,
 )
 from gateway.confignode import Node
-from gateway.errors import model_not_found
-from gateway.protocols.base import UpstreamClient
+from gateway.errors import model_not_found, unsupported
+from gateway.protocols.base import StreamedResponse, UpstreamClient
 from gateway.types import (
     DERIVATIVE_OPERATION,
     Derivative,
@@ -43,6 +44,7 @@ def default_models(gnn: GnnSettings | None = None,
         lambda: SequenceModel("simple_sequence", sequences),
         lambda: DynaSequence("simple_dyna_sequence", sequences),
         lambda: StringDynaSequence("simple_string_dyna_sequence", sequences),
+        RepeatInt32,
     ]
     models = [make() for make in factories]
     return {model.name: model for model in models}
@@ -102,8 +104,19 @@ class BuiltinClient(UpstreamClient):
 
     async def infer(self, request: InferRequest, ctx: RequestContext) -> InferResponse:
         model = self._model(request.model_name, request.model_version)
+        if isinstance(model, DecoupledModel):
+            raise unsupported(decoupled_refusal(model.name))
         outputs = model.infer(request)
         return InferResponse(model.name, MODEL_VERSION, request.id, outputs)
+
+    async def infer_stream(self, request: InferRequest, ctx: RequestContext) -> AsyncIterator[StreamedResponse]:
+        model = self._model(request.model_name, request.model_version)
+        if not isinstance(model, DecoupledModel):
+            yield StreamedResponse(InferResponse(model.name, MODEL_VERSION, request.id, model.infer(request)), True)
+            return
+        # As a decoupled Triton model: no response is final, the end of the stream says so.
+        async for response in model.responses(request):
+            yield StreamedResponse(response)
 
     async def model_metadata(self, model: str, version: str, ctx: RequestContext) -> ModelMetadata:
         return self._model(model, version).metadata()

@@ -45,8 +45,6 @@ REFUSALS: Mapping[str, str] = MappingProxyType({
              "(observability.tracing in its configuration)",
     "logging": "logging: the gateway's log settings are fixed when it starts (gateway --log-level, "
                "observability.access_log in its configuration)",
-    "streaming": "ModelStreamInfer: streaming inference is not offered (Triton and MLServer stream different "
-                 "messages under this name, so it cannot be bridged); use ModelInfer",
 })
 
 

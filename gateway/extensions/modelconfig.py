@@ -13,7 +13,7 @@ import os
 from typing import Any
 
 from gateway.extensions.labels import ClassificationConfig
-from gateway.types import ModelMetadata, TensorSpec
+from gateway.types import DECOUPLED_PARAMETER, ModelMetadata, TensorSpec
 
 # Marks a configuration the gateway wrote: parameters.synthesized.string_value.
 SYNTHESIZED_PARAMETER = "synthesized"
@@ -51,7 +51,7 @@ def synthesize(model: str, metadata: ModelMetadata, labels: ClassificationConfig
         if label_file:
             output["label_filename"] = os.path.basename(label_file)
         outputs.append(output)
-    return {
+    config = {
         "name": model,
         "platform": metadata.platform,
         "max_batch_size": UNKNOWN_MAX_BATCH_SIZE if batching else 0,
@@ -59,6 +59,9 @@ def synthesize(model: str, metadata: ModelMetadata, labels: ClassificationConfig
         "output": outputs,
         "parameters": {SYNTHESIZED_PARAMETER: {"string_value": SYNTHESIZED_VALUE}},
     }
+    if metadata.parameters.get(DECOUPLED_PARAMETER) is True:  # clients read this to open a stream
+        config["model_transaction_policy"] = {"decoupled": True}
+    return config
 
 
 def max_batch_size(config: dict[str, Any]) -> int:

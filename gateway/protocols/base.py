@@ -12,6 +12,8 @@ server: they import this.
 from __future__ import annotations
 
 import abc
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -25,6 +27,16 @@ if TYPE_CHECKING:
     from gateway.config import Address, GatewayConfig, ListenerConfig, UpstreamConfig
     from gateway.routing import Route, RouteTable
     from gateway.services import GatewayServices
+
+
+@dataclass(slots=True)
+class StreamedResponse:
+    """One response of a streamed request. ``final``: the upstream said no
+    more follow (a unary answer is final; a decoupled upstream may instead
+    just end its stream after responses that were not)."""
+
+    response: InferResponse
+    final: bool = False
 
 
 class DataPlaneApi(Protocol):
@@ -50,6 +62,11 @@ class DataPlaneApi(Protocol):
         client's bytes unchanged (its ``passthrough`` on)."""
 
     async def infer(self, request: InferRequest, ctx: RequestContext) -> InferResponse: ...
+
+    async def infer_stream(self, request: InferRequest, ctx: RequestContext,
+                           deliver: Callable[[StreamedResponse], Awaitable[None]]) -> None:
+        """``infer`` for a stream: each response goes to ``deliver`` as it
+        comes, awaited (a slow reader slows the upstream)."""
 
     async def model_metadata(self, model: str, version: str, ctx: RequestContext) -> ModelMetadata: ...
 
@@ -164,6 +181,12 @@ class UpstreamClient(abc.ABC):
 
     @abc.abstractmethod
     async def infer(self, request: InferRequest, ctx: RequestContext) -> InferResponse: ...
+
+    async def infer_stream(self, request: InferRequest, ctx: RequestContext) -> AsyncIterator[StreamedResponse]:
+        """The responses to one request as they come: zero or more (a
+        decoupled model). The default, for upstreams with one answer per
+        request: that answer, final."""
+        yield StreamedResponse(await self.infer(request, ctx), final=True)
 
     @abc.abstractmethod
     async def model_metadata(self, model: str, version: str, ctx: RequestContext) -> ModelMetadata: ...

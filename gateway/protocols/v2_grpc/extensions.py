@@ -28,7 +28,6 @@ REFUSED_RPCS: Mapping[str, str] = MappingProxyType({
     "CudaSharedMemoryRegister": "cuda_shared_memory",
     "TraceSetting": "trace",
     "LogSettings": "logging",
-    "ModelStreamInfer": "streaming",
 })
 
 _WIDE_INTEGERS = frozenset({FieldDescriptor.TYPE_INT64, FieldDescriptor.TYPE_UINT64, FieldDescriptor.TYPE_SINT64,

@@ -35,6 +35,7 @@ from gateway.observe import (
     PASSTHROUGH_VERBATIM,
     TRACEPARENT_HEADER,
     TRACESTATE_HEADER,
+    RequestRecord,
     accept_request_id,
     accept_traceparent,
     accept_tracestate,
@@ -44,8 +45,9 @@ from gateway.observe import (
 from gateway.protocols.base import Frontend
 from gateway.protocols.v2_grpc import codec, extensions, passthrough
 from gateway.protocols.v2_grpc import messages as pb
+from gateway.protocols.v2_grpc.stream import OPERATION, StreamSession
 from gateway.tls import ServerTls
-from gateway.types import RequestContext
+from gateway.types import InferRequest, InferResponse, RequestContext
 
 if TYPE_CHECKING:
     from gateway.config import Limits
@@ -58,6 +60,7 @@ PARSED_BY_HANDLER = pb.BYTES_METHODS
 # What the call being handled holds of the memory budget (set by the handler).
 _RESERVATION: ContextVar[Reservation] = ContextVar("gateway_grpc_reservation")
 REQUEST_ID_KEY = "x-request-id"
+STREAM_RPC = "ModelStreamInfer"
 HEALTH_SERVICE = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
 # Answered without credentials when the listener has `auth`: liveness and
 # readiness, as the REST listener's health paths (grpc.health.v1 is never
@@ -158,13 +161,14 @@ class V2GrpcFrontend(Frontend):
     _server: grpc.aio.Server | None = None
     _health: Any = None
     _port = 0
+    _streams = 0  # open ModelStreamInfer calls
     _tls: ServerTls | None = None
     _authenticator: Authenticator | None = None
     extensions: Extensions
-    _active = 0  # requests in flight (grpc's own health service not counted)
+    active = 0  # requests in flight (grpc's own health service not counted)
 
     @property
-    def _max_active(self) -> int:
+    def max_active(self) -> int:
         return self.services.config.limits.max_concurrent_requests
 
     @classmethod
@@ -194,8 +198,9 @@ class V2GrpcFrontend(Frontend):
                 self._handler(name, request_class), response_serializer=pb.method_serializer(name, response_class))
             for name, (request_class, response_class) in pb.METHODS.items()
         }
-        for name in pb.STREAM_METHODS:  # refused, with the reason, after reading nothing
-            handlers[name] = grpc.stream_stream_rpc_method_handler(self._handler(name, None))
+        # ModelStreamInfer: bytes in and out, as ModelInfer (stream.py).
+        handlers[STREAM_RPC] = grpc.stream_stream_rpc_method_handler(self._stream_handler())
+        self._streams = 0
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(pb.SERVICE, handlers),))
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
@@ -243,15 +248,15 @@ class V2GrpcFrontend(Frontend):
             if services.tracing is not None:
                 services.tracing.start(ctx)
             in_flight.inc()
-            self._active += 1
+            self.active += 1
             failure: GatewayError
             reservation = services.budget.reserve()
             _RESERVATION.set(reservation)
             try:
                 if self._authenticator is not None and name not in PUBLIC_METHODS:
                     self._authenticator.check(ctx.headers)
-                if self._active > self._max_active:  # refused at once, never queued
-                    raise GatewayError(ErrorKind.OVERLOADED, f"the listener is handling {self._max_active} "
+                if self.active > self.max_active:  # refused at once, never queued
+                    raise GatewayError(ErrorKind.OVERLOADED, f"the listener is handling {self.max_active} "
                                        "requests, its limit (limits.max_concurrent_requests); retry later")
                 if isinstance(data, bytes):  # grpc has read it already: counted from here on
                     reservation.grow(len(data))
@@ -278,7 +283,7 @@ class V2GrpcFrontend(Frontend):
             finally:
                 reservation.release()
                 in_flight.dec()
-                self._active -= 1
+                self.active -= 1
                 context.set_trailing_metadata(tuple(ctx.upstream_headers().items()))
                 if record.status:
                     # Metrics and the access log wait for the next turn of the loop:
@@ -341,34 +346,91 @@ class V2GrpcFrontend(Frontend):
         return codec.encode_model_metadata(metadata)
 
     async def _ModelInfer(self, data: bytes, ctx: RequestContext) -> bytes:
+        reservation = _RESERVATION.get()
+        infer_request, regions = await self.decode_request(data, ctx, reservation)
+        response = await self.extensions.infer(infer_request, ctx)
+        return await self.encode_reply(response, ctx, reservation, regions)
+
+    async def decode_request(self, data: bytes, ctx: RequestContext,
+                             reservation: Reservation) -> tuple[InferRequest, shm.Plan]:
+        """A ModelInferRequest's bytes, decoded (big ones off the loop), with
+        its inputs in shared memory read and the regions of its outputs."""
         started = time.perf_counter()
         limits = self.services.config.limits
-        reservation = _RESERVATION.get()
-        offload = self.services.offload
-        infer_request = await offload.run(len(data), codec.decode_infer_request, data, limits.max_tensor_elements,
-                                          limits, reservation.grow)
+        infer_request = await self.services.offload.run(len(data), codec.decode_infer_request, data,
+                                                        limits.max_tensor_elements, limits, reservation.grow)
         # A V2 gRPC upstream may get these very bytes (see passthrough).
         infer_request.raw = passthrough.request_payload(data, infer_request)
         self._adopt_message_id(ctx, infer_request.id)
         regions = shm.plan(infer_request, self.extensions.refusal(SYSTEM_SHARED_MEMORY))
-        await shm.run_inputs(infer_request, regions, TensorBudget.of(limits), reservation.grow, offload)
+        await shm.run_inputs(infer_request, regions, TensorBudget.of(limits), reservation.grow,
+                             self.services.offload)
         ctx.record.decode_seconds = time.perf_counter() - started
-        response = await self.extensions.infer(infer_request, ctx)
-        await shm.run_outputs(response, regions, reservation.grow, offload)
+        return infer_request, regions
+
+    async def encode_reply(self, response: InferResponse, ctx: RequestContext, reservation: Reservation,
+                           regions: shm.Plan | None = None) -> bytes:
+        """A serialized ModelInferResponse: the upstream's own bytes when they
+        can be relayed, else encoded (big ones off the loop); outputs asked
+        in shared memory are written there first."""
         started = time.perf_counter()
+        if regions is not None:
+            await shm.run_outputs(response, regions, reservation.grow, self.services.offload)
         typed = self.options.output_contents == "typed"
         relayed = passthrough.reply_bytes(response, typed)
         if relayed is None:
             size = sum(t.data.size * BYTES_ELEMENT_COST if t.datatype == "BYTES" else t.data.nbytes
                        for t in response.outputs)
             reservation.grow(size)  # the message being built, charged before it is
-            reply = await offload.run(size, codec.encode_infer_response, response, typed=typed)
+            reply = await self.services.offload.run(size, codec.encode_infer_response, response, typed=typed)
         else:
             reply, renamed = relayed
             ctx.record.passthrough = PASSTHROUGH_RENAMED if renamed else PASSTHROUGH_VERBATIM
             log.debug("request %s: the upstream's ModelInfer reply relayed unchanged", ctx.request_id)
-        ctx.record.encode_seconds = time.perf_counter() - started
+        ctx.record.encode_seconds += time.perf_counter() - started
         return reply
+
+    # --- ModelStreamInfer (stream.py) ------------------------------------------------
+
+    def stream_request_context(self, stream_ctx: RequestContext) -> RequestContext:
+        """A context of its own for one request of a stream."""
+        record = RequestRecord(method="POST", path=stream_ctx.record.path, peer=stream_ctx.record.peer)
+        return RequestContext(listener=stream_ctx.listener, protocol=stream_ctx.protocol,
+                              request_id=stream_ctx.request_id, headers=stream_ctx.headers,
+                              deadline=stream_ctx.deadline, traceparent=stream_ctx.traceparent,
+                              tracestate=stream_ctx.tracestate, record=record)
+
+    def _stream_handler(self) -> Callable[[Any, grpc.aio.ServicerContext], Awaitable[None]]:
+        services = self.services
+        path = pb.method_path(STREAM_RPC)
+
+        async def handle(requests: Any, context: grpc.aio.ServicerContext) -> None:
+            ctx = self._context(context)
+            ctx.record.operation, ctx.record.method, ctx.record.path = OPERATION, "POST", path
+            ctx.record.peer = context.peer() or ""
+            limit = services.config.limits.max_open_streams
+            try:
+                if self._authenticator is not None:
+                    self._authenticator.check(ctx.headers)
+                if self._streams >= limit:  # refused at once, never queued
+                    raise GatewayError(ErrorKind.OVERLOADED, f"the listener has {limit} open streams, its limit "
+                                       "(limits.max_open_streams); retry later")
+            except GatewayError as error:  # the stream is refused as a whole
+                code, message = codec.encode_error(error)
+                ctx.record.status = code.name
+                ctx.record.fail(error.kind.value, error.message)
+                finish_request(services, ctx)
+                await context.abort(code, message)
+            open_streams = services.metrics.streams_open(self.listener.name, PROTOCOL)
+            self._streams += 1
+            open_streams.inc()
+            try:
+                await StreamSession(self, context, ctx).serve(requests)
+            finally:
+                self._streams -= 1
+                open_streams.dec()
+
+        return handle
 
     # --- Triton's extensions (the rest of the service is refused: _refuse) ---------
 

@@ -81,7 +81,7 @@ METHODS: Mapping[str, tuple[Any, Any]] = MappingProxyType({
                   message_factory.GetMessageClass(method.output_type))
     for method in _SERVICE_DESCRIPTOR.methods if not (method.client_streaming or method.server_streaming)
 })
-# ... and the streaming ones (ModelStreamInfer), answered UNIMPLEMENTED.
+# ... and the streaming ones (ModelStreamInfer: frontend.py and stream.py).
 STREAM_METHODS: tuple[str, ...] = tuple(
     method.name for method in _SERVICE_DESCRIPTOR.methods if method.client_streaming or method.server_streaming)
 

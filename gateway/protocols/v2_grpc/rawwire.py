@@ -43,6 +43,12 @@ def string_field(field_number: int, value: str) -> bytes:
     return _varint(field_number << 3 | _LENGTH_DELIMITED) + _varint(len(encoded)) + encoded
 
 
+def message_field(field_number: int, parts: Sequence[bytes]) -> bytes:
+    """One serialized message field whose value is ``parts`` joined (one copy)."""
+    size = sum(len(part) for part in parts)
+    return b"".join((_varint(field_number << 3 | _LENGTH_DELIMITED), _varint(size), *parts))
+
+
 def serialize(head: Any, field_number: int, chunks: Sequence[Any]) -> bytes:
     """``head`` serialized, followed by ``chunks`` as entries of the repeated
     bytes field ``field_number`` (which ``head`` must leave empty)."""

@@ -1,0 +1,267 @@
+"""ModelStreamInfer in Triton's message form: a bidirectional stream of
+ModelInferRequest in, ``ModelStreamInferResponse {error_message = 1,
+infer_response = 2}`` out (docs/grpc.md#modelstreaminfer).
+
+Each request of a stream is decoded and routed on its own, as a ModelInfer
+would be, and its responses go back as they come (several for a decoupled
+model), each marked with Triton's ``triton_final_response`` parameter. An
+error ends that request only: it goes back as ``error_message`` (with the
+request's id) and the stream goes on. Requests of one sequence (the same
+``sequence_id`` parameter) run in the order they came; others run at once,
+up to ``limits.max_stream_requests`` per stream.
+
+Nothing queues without bound: past the in-flight limit the next request is
+not read (grpc's flow control then slows the client), and responses wait
+for a slow reader in a queue of ``limits.stream_buffer_responses``, whose
+full state makes the upstream calls of the stream wait (``deliver``).
+When the client cancels, every request of the stream is cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from gateway.budget import Reservation
+from gateway.errors import ErrorKind, GatewayError
+from gateway.observe import OUTCOME_CANCELLED, finish_request
+from gateway.protocols.base import DataPlaneApi, StreamedResponse
+from gateway.protocols.v2_grpc import codec, rawwire
+from gateway.protocols.v2_grpc import messages as pb
+from gateway.types import InferRequest, InferResponse, RequestContext
+
+log = logging.getLogger(__name__)
+
+FINAL_PARAMETER = "triton_final_response"
+EMPTY_FINAL_PARAMETER = "triton_enable_empty_final_response"
+SEQUENCE_PARAMETER = "sequence_id"
+# ModelStreamInferResponse's fields.
+ERROR_MESSAGE_FIELD, INFER_RESPONSE_FIELD = 1, 2
+OPERATION = "stream_infer"
+_END = None  # the outbox's last item
+
+
+def _final_marker(final: bool) -> bytes:
+    """A serialized ModelInferResponse holding only the final flag: appended
+    to a serialized reply it adds that parameter (map entries merge)."""
+    message = pb.ModelInferResponse()
+    message.parameters[FINAL_PARAMETER].bool_param = final
+    return message.SerializeToString()  # type: ignore[no-any-return]
+
+
+_MARKERS = {True: _final_marker(True), False: _final_marker(False)}
+
+
+def stream_reply(reply: bytes, final: bool) -> bytes:
+    """A ModelStreamInferResponse around a serialized ModelInferResponse."""
+    return rawwire.message_field(INFER_RESPONSE_FIELD, (reply, _MARKERS[final]))
+
+
+def stream_error(message: str, request: InferRequest | None) -> bytes:
+    """A ModelStreamInferResponse carrying an error for one request, with
+    what Triton puts beside it: the request's id, model and the final flag."""
+    head = pb.ModelInferResponse()
+    if request is not None:
+        head.id, head.model_name, head.model_version = request.id, request.model_name, request.model_version
+    head.parameters[FINAL_PARAMETER].bool_param = True
+    return pb.ModelStreamInferResponse(error_message=message, infer_response=head).SerializeToString()  # type: ignore[no-any-return]
+
+
+def empty_final(request: InferRequest) -> bytes:
+    """The empty final response Triton sends a decoupled model's client that
+    asked for it (``triton_enable_empty_final_response``)."""
+    head = pb.ModelInferResponse(id=request.id, model_name=request.model_name, model_version=request.model_version)
+    head.parameters[FINAL_PARAMETER].bool_param = True
+    return pb.ModelStreamInferResponse(infer_response=head).SerializeToString()  # type: ignore[no-any-return]
+
+
+def sequence_key(request: InferRequest) -> Any:
+    """The request's sequence (None when it belongs to none: 0 or empty)."""
+    value = request.parameters.get(SEQUENCE_PARAMETER)
+    return value if value not in (None, 0, "") else None
+
+
+class StreamHost(Protocol):
+    """What a session needs of its listener (frontend.V2GrpcFrontend)."""
+
+    services: Any
+    dataplane: DataPlaneApi
+    active: int  # requests in flight on the listener, streams' included
+
+    @property
+    def max_active(self) -> int: ...
+
+    def stream_request_context(self, stream_ctx: RequestContext) -> RequestContext: ...
+
+    async def decode_request(self, data: bytes, ctx: RequestContext,
+                             reservation: Reservation) -> tuple[InferRequest, Any]: ...
+
+    async def encode_reply(self, response: InferResponse, ctx: RequestContext, reservation: Reservation,
+                           regions: Any = None) -> bytes: ...
+
+
+class StreamSession:
+    """One ModelStreamInfer call."""
+
+    def __init__(self, frontend: StreamHost, context: Any, stream_ctx: RequestContext) -> None:
+        self.frontend = frontend
+        self.services = frontend.services
+        self.context = context
+        self.stream_ctx = stream_ctx
+        limits = self.services.config.limits
+        # Each item: a message and what it holds of the memory budget.
+        self.outbox: asyncio.Queue[tuple[bytes, Reservation | None] | None] = asyncio.Queue(
+            limits.stream_buffer_responses)
+        self.slots = asyncio.Semaphore(limits.max_stream_requests)
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.sequences: dict[Any, asyncio.Task[None]] = {}  # sequence -> its latest request
+        self.failure: BaseException | None = None
+
+    async def serve(self, requests: AsyncIterator[bytes]) -> None:
+        reader = asyncio.ensure_future(self._read(requests))
+        try:
+            while (item := await self.outbox.get()) is not _END:
+                message, reservation = item
+                try:
+                    await self.context.write(message)
+                finally:
+                    if reservation is not None:
+                        reservation.release()
+            await reader
+        finally:
+            reader.cancel()
+            for task in self.tasks:
+                task.cancel()
+            await asyncio.gather(reader, *self.tasks, return_exceptions=True)
+            while not self.outbox.empty():  # left unsent by a cancelled stream
+                item = self.outbox.get_nowait()
+                if item is not _END and item[1] is not None:
+                    item[1].release()
+        if self.failure is not None:
+            raise self.failure
+
+    async def _read(self, requests: AsyncIterator[bytes]) -> None:
+        """Reads and decodes requests one by one (so a sequence's order is
+        the order they came in) and starts each as a task of its own."""
+        try:
+            async for data in requests:
+                await self.slots.acquire()  # past the limit, the next request stays unread
+                await self._admit(data)
+            while self.tasks:
+                await asyncio.wait(set(self.tasks))
+        except Exception as exc:  # reading failed: the stream ends with the error
+            self.failure = exc
+        await self.outbox.put(_END)
+
+    async def _send(self, message: bytes, reservation: Reservation | None = None) -> None:
+        await self.outbox.put((message, reservation))
+
+    async def _admit(self, data: bytes) -> None:
+        frontend, services = self.frontend, self.services
+        ctx = frontend.stream_request_context(self.stream_ctx)
+        ctx.record.operation, ctx.record.request_bytes = OPERATION, len(data)
+        if services.tracing is not None:
+            services.tracing.start(ctx)
+        services.metrics.requests_in_flight(ctx.listener, ctx.protocol).inc()
+        frontend.active += 1
+        state = _Request(ctx, services.budget.reserve())
+        try:
+            if frontend.active > frontend.max_active:
+                raise GatewayError(ErrorKind.OVERLOADED, f"the listener is handling {frontend.max_active} "
+                                   "requests, its limit (limits.max_concurrent_requests); retry later")
+            state.reservation.grow(len(data))
+            request, regions = await frontend.decode_request(data, ctx, state.reservation)
+        except asyncio.CancelledError:
+            self._end(state, cancelled=True)
+            raise
+        except Exception as exc:
+            state.responses = 1
+            task = asyncio.ensure_future(self._fail(exc, ctx, None))
+        else:
+            key = sequence_key(request)
+            previous = self.sequences.get(key) if key is not None else None
+            task = asyncio.ensure_future(self._run(request, regions, state, previous))
+            if key is not None:
+                self.sequences[key] = task
+                task.add_done_callback(lambda done: self._sequence_done(key, done))
+        self.tasks.add(task)
+        # The request's accounting ends with its task, even one cancelled before it ran.
+        task.add_done_callback(lambda done: self._end(state, done.cancelled()))
+        task.add_done_callback(self.tasks.discard)
+
+    def _sequence_done(self, key: Any, task: asyncio.Task[None]) -> None:
+        if self.sequences.get(key) is task:
+            del self.sequences[key]
+
+    async def _run(self, request: InferRequest, regions: Any, state: _Request,
+                   previous: asyncio.Task[None] | None) -> None:
+        ctx, record = state.ctx, state.ctx.record
+        if previous is not None and not previous.done():  # a sequence's requests in order
+            await asyncio.wait([previous])
+        enable_empty_final = bool(request.parameters.pop(EMPTY_FINAL_PARAMETER, False))
+        if enable_empty_final:
+            request.raw = None  # the client's bytes hold a parameter upstreams must not see
+        final = False
+        started = time.monotonic()
+
+        async def deliver(part: StreamedResponse) -> None:
+            nonlocal final
+            held = self.services.budget.reserve()  # until the message is written
+            try:
+                reply = await self.frontend.encode_reply(part.response, ctx, held, regions)
+            except BaseException:
+                held.release()
+                raise
+            message = stream_reply(reply, part.final)
+            state.responses += 1
+            final = part.final
+            record.response_bytes += len(message)
+            if state.first_seconds is None:
+                state.first_seconds = time.monotonic() - started
+            await self._send(message, held)
+
+        try:
+            await self.frontend.dataplane.infer_stream(request, ctx, deliver)
+            if not final and enable_empty_final:
+                await self._send(empty_final(request))
+            record.status = "OK"
+        except Exception as exc:
+            state.responses += 1
+            await self._fail(exc, ctx, request)
+
+    async def _fail(self, exc: BaseException, ctx: RequestContext, request: InferRequest | None) -> None:
+        """An error for one request: sent in its place, then the stream goes on."""
+        if isinstance(exc, GatewayError):
+            error = exc
+        else:
+            log.error("unhandled error in a ModelStreamInfer request", exc_info=exc)
+            error = GatewayError(ErrorKind.INTERNAL, "internal error")
+        code, message = codec.encode_error(error)
+        ctx.record.status = code.name
+        ctx.record.fail(error.kind.value, error.message)
+        await self._send(stream_error(message, request))
+
+    def _end(self, state: _Request, cancelled: bool) -> None:
+        ctx = state.ctx
+        if cancelled:
+            ctx.record.status, ctx.record.outcome = "CANCELLED", OUTCOME_CANCELLED
+        state.reservation.release()
+        self.services.metrics.requests_in_flight(ctx.listener, ctx.protocol).dec()
+        self.frontend.active -= 1
+        self.slots.release()
+        self.services.metrics.observe_stream_request(ctx.listener, ctx.protocol, state.responses, state.first_seconds)
+        finish_request(self.services, ctx)
+
+
+@dataclass(slots=True)
+class _Request:
+    """One request of a stream, for its accounting."""
+
+    ctx: RequestContext
+    reservation: Reservation
+    responses: int = 0
+    first_seconds: float | None = None
