@@ -269,7 +269,7 @@ class Batcher:
         try:
             request = await self._batch_request(members, batch_id, held)
             response = await self._send(request, members)
-            shares = split(response, rows) if len(members) > 1 else [response.outputs]
+            shares = split(response, rows) if len(members) > 1 else []
         except asyncio.CancelledError:
             _settle(members, GatewayError(ErrorKind.UPSTREAM_UNAVAILABLE, "the batch was cancelled"))
             raise
@@ -279,6 +279,10 @@ class Batcher:
         finally:
             if held is not None:
                 held.release()
+        if not shares:  # a batch of one: its own answer, as the upstream gave it (raw bytes and all)
+            if not members[0].future.done():
+                members[0].future.set_result(response)
+            return
         for member, outputs in zip(members, shares, strict=True):
             if not member.future.done():  # else: its client left; its share is discarded
                 member.future.set_result(InferResponse(response.model_name, response.model_version, "", outputs,

@@ -17,7 +17,7 @@ from gateway.config import BatchingConfig, parse_config
 from gateway.errors import ErrorKind, GatewayError
 from gateway.proxy import DataPlane
 from gateway.services import GatewayServices
-from gateway.types import InferRequest, InferResponse, RequestContext, RequestedOutput, Tensor
+from gateway.types import InferRequest, InferResponse, RawPayload, RequestContext, RequestedOutput, Tensor
 
 WAIT = 5.0  # bound on every wait below; the batches themselves take milliseconds
 
@@ -147,6 +147,20 @@ async def test_the_delay_sends_what_waits() -> None:
     response = await asyncio.wait_for(batcher.infer(_request(1), None), WAIT)
     _check_own(_request(1), response)
     assert len(upstream.calls) == 1
+
+
+async def test_a_batch_of_one_gets_the_upstream_s_own_answer() -> None:
+    """Its own request went up (the client's bytes may be relayed): the
+    answer may be bytes only, with no decoded outputs to split."""
+    relayed = InferResponse("m", raw=RawPayload("v2-rest", b"{}"))
+
+    async def send(request: InferRequest, members: list[Member]) -> InferResponse:
+        assert request is alone
+        return relayed
+
+    alone = _request(1)
+    batcher = Batcher("r", BatchingConfig(8, 1.0), send)
+    assert await asyncio.wait_for(batcher.infer(alone, None), WAIT) is relayed
 
 
 async def test_a_failed_batch_fails_every_member() -> None:
