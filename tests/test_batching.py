@@ -306,3 +306,37 @@ def test_the_schema_knows_batching() -> None:
     parse_config(data)
     data["routes"][0]["batching"]["max_wait"] = 1
     assert list(validator.iter_errors(data))
+
+
+async def test_umbridge_evaluations_through_their_v2_mapping_share_a_batch() -> None:
+    """UM-Bridge calls become V2 requests with a batch dimension (the model's
+    metadata has -1 first): a batching route stacks them like any other."""
+    from gateway.protocols.umbridge.bridge import Bridge
+    from gateway.protocols.umbridge.mapping import build_view
+
+    text = BUILTIN.replace("{model: simple}", "{model: trig}").replace("v2-rest", "umbridge")
+    config = parse_config(yaml.safe_load(text))
+    plane = DataPlane(config, GatewayServices(config, config.server))
+    await plane.start()
+    try:
+        client = plane.clusters["local"].clients[0]
+        seen: list[InferRequest] = []
+        original = client.infer
+
+        async def counting(request: InferRequest, ctx: RequestContext) -> InferResponse:
+            seen.append(request)
+            return await original(request, ctx)
+
+        client.infer = counting  # type: ignore[method-assign]
+        metadata = await plane.model_metadata("trig", "", RequestContext("rest", "umbridge"))
+        view = build_view("trig", metadata, None)
+        points = [(np.array([0.1 * i, -1.0 + i]), np.array([2.0 + i])) for i in range(6)]
+        bridges = [Bridge(plane, RequestContext("rest", "umbridge", f"u{i}"), view, "") for i in range(6)]
+        answers = await _all(*(b.evaluate_point(list(p), None) for b, p in zip(bridges, points, strict=True)))
+        for (x, y), answer in zip(points, answers, strict=True):
+            (f, g), _ = answer
+            np.testing.assert_allclose(f, [np.sin(x[0]) * y[0], x[0] * x[1] ** 2], rtol=1e-5)
+            np.testing.assert_allclose(g, [np.exp(x[1] / 2) + y[0] ** 2], rtol=1e-5)
+        assert [r.inputs[0].shape[0] for r in seen] == [6]
+    finally:
+        await plane.close()
