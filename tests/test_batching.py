@@ -340,3 +340,58 @@ async def test_umbridge_evaluations_through_their_v2_mapping_share_a_batch() -> 
         assert [r.inputs[0].shape[0] for r in seen] == [6]
     finally:
         await plane.close()
+
+
+async def _builtin_plane(batching: str, timeout: str = "") -> DataPlane:
+    text = BUILTIN.replace("batching: {max_batch_size: 16, max_delay_ms: 20}", f"batching: {batching}{timeout}")
+    config = parse_config(yaml.safe_load(text))
+    plane = DataPlane(config, GatewayServices(config, config.server))
+    await plane.start()
+    return plane
+
+
+def _simple(i: int) -> tuple[InferRequest, RequestContext]:
+    a = np.full((1, 16), i, dtype=np.int32)
+    request = InferRequest("simple", inputs=[Tensor.from_numpy("INPUT0", a), Tensor.from_numpy("INPUT1", a)])
+    return request, RequestContext("rest", "v2-rest", request_id=f"req-{i}")
+
+
+async def test_a_retry_sends_the_whole_batch_again() -> None:
+    from gateway.errors import connect_failure
+
+    plane = await _builtin_plane("{max_batch_size: 4, max_delay_ms: 1000}")
+    try:
+        client = plane.clusters["local"].clients[0]
+        seen: list[int] = []
+        original = client.infer
+
+        async def flaky(request: InferRequest, ctx: RequestContext) -> InferResponse:
+            seen.append(request.inputs[0].shape[0])
+            if len(seen) == 1:
+                raise connect_failure("'local'", "ConnectionRefusedError")
+            return await original(request, ctx)
+
+        client.infer = flaky  # type: ignore[method-assign]
+        calls = [_simple(i) for i in range(4)]
+        responses = await _all(*(plane.infer(r, c) for r, c in calls))
+        for (request, ctx), response in zip(calls, responses, strict=True):
+            assert isinstance(response, InferResponse), response
+            np.testing.assert_array_equal(response.outputs[0].data, request.inputs[0].data * 2)
+            assert ctx.record.upstream_attempts == 2
+        assert seen == [4, 4]  # the default policy retries a connect failure: the batch, whole
+    finally:
+        await plane.close()
+
+
+async def test_a_member_s_deadline_counts_from_its_own_arrival() -> None:
+    plane = await _builtin_plane("{max_batch_size: 4, max_delay_ms: 3000}", "\n    timeout: 100ms")
+    try:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        (response,) = await _all(plane.infer(*_simple(1)))
+        assert isinstance(response, GatewayError) and response.kind is ErrorKind.UPSTREAM_TIMEOUT, response
+        assert loop.time() - started < 2.0  # its own 100 ms, not the batch's 3 s delay
+        (batcher,) = plane._current.batchers.values()
+        assert batcher.queued == 0
+    finally:
+        await plane.close()
