@@ -273,7 +273,7 @@ class Batcher:
         except asyncio.CancelledError:
             _settle(members, GatewayError(ErrorKind.UPSTREAM_UNAVAILABLE, "the batch was cancelled"))
             raise
-        except BaseException as exc:
+        except Exception as exc:  # each member raises it in its own protocol's form
             _settle(members, exc)
             return
         finally:
