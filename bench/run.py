@@ -11,8 +11,10 @@ Scenarios (issue #8):
   e  gRPC -> gRPC pass-through (small and 16 MiB raw; passthrough on and off: latency, gateway CPU, RSS),
      UM-Bridge Evaluate (1 and 65,536 values): added latency
   f  1 vs N gateway worker processes (throughput)
+  g  dynamic batching (issue 18): a 5 ms-per-call model through the gateway with and without route batching
+     (concurrency 64: throughput; concurrency 1: p50), MLServer's own adaptive batching on vs off beside it
 
-Targets are issue 16's (docs/performance.md has the table and what bounds each).
+Targets are issue 16's and 18's (docs/performance.md has the table and what bounds each).
 The machine is small and shared: only ratios measured within one run count.
 """
 
@@ -352,6 +354,48 @@ http {{
         self.report.add(Row("e", f"gRPC->gRPC {mib} MiB gateway peak RSS growth / payload", growth,
                             growth["via gateway"], "(reported)", unit="x"))
 
+    def scenario_g(self) -> None:
+        """Dynamic batching: one MLServer model that costs 5 ms per call
+        whatever its rows (rows_5ms, calls one at a time), through the
+        gateway with and without a batching route, and MLServer's adaptive
+        batching (rows_5ms_adaptive) direct as the reference."""
+        from peers.mlserver import MLServerPeer
+
+        directory = self.workdir / "mlserver-batching"
+        directory.mkdir()
+        ml = MLServerPeer(directory, ["rows_5ms", "rows_5ms_adaptive"]).start()
+        try:
+            _, gw = self.gateway("g", _batching_config(ml.rest_address, BATCH_DELAY_MS))
+            body = orjson.dumps({"inputs": [{"name": "X", "datatype": "INT32", "shape": [1, 4],
+                                             "data": [1, 2, 3, 4]}]})
+            base = f"http://127.0.0.1:{gw['rest']}/v2/models"
+            urls = {
+                "gateway, no batching": f"{base}/rows_5ms/infer",
+                "gateway, batching": f"{base}/batched/infer",
+                "MLServer direct, adaptive batching off": f"http://{ml.rest_address}/v2/models/rows_5ms/infer",
+                "MLServer direct, adaptive batching on":
+                    f"http://{ml.rest_address}/v2/models/rows_5ms_adaptive/infer",
+            }
+            for url in urls.values():  # warm: connections, MLServer's first requests
+                wrk(url, body, 4, 1.0)
+            many = {name: wrk(url, body, 64, self.seconds, threads=2) for name, url in urls.items()}
+            one = {name: wrk(url, body, 1, self.seconds) for name, url in urls.items()}
+            _check_errors(many, one)
+            rps = {name: r.requests_per_second for name, r in many.items()}
+            gain = rps["gateway, batching"] / rps["gateway, no batching"]
+            self.report.add(Row("g", "throughput, 5 ms model, concurrency 64", rps, gain,
+                                "gateway batching / no batching >= 5", gain >= 5, unit="req/s",
+                                note=f"max_batch_size 32, max_delay_ms {BATCH_DELAY_MS:g}; MLServer's adaptive "
+                                     "batching (max_batch_size 32, max_batch_time 2 ms) for reference"))
+            p50 = {name: r.p50_ms for name, r in one.items()}
+            added = p50["gateway, batching"] - p50["gateway, no batching"]
+            bound = BATCH_DELAY_MS + 1.0
+            self.report.add(Row("g", "p50 latency, 5 ms model, concurrency 1", p50, added,
+                                f"batching adds <= max_delay_ms + 1 = {bound:g} ms", added <= bound, unit="ms",
+                                note=f"added by batching {added:.3f} ms"))
+        finally:
+            ml.stop()
+
     def scenario_f(self) -> None:
         """Worker processes: 1 vs N on the builtin model."""
         cores = os.cpu_count() or 1
@@ -407,6 +451,22 @@ routes:
 """
 
 
+BATCH_DELAY_MS = 2.0
+
+
+def _batching_config(mlserver: str, delay_ms: float) -> str:
+    return _LISTENERS.format(max_bytes="64MiB") + f"""
+upstreams:
+  - {{name: ml, protocol: v2-rest, endpoints: ['{mlserver}']}}
+routes:
+  - match: {{model: batched}}
+    rewrite: {{model: rows_5ms}}
+    upstream: ml
+    batching: {{max_batch_size: 32, max_delay_ms: {delay_ms:g}}}
+  - upstream: ml
+"""
+
+
 def _umbridge_config(port: int) -> str:
     return f"""
 admin: {{address: "127.0.0.1:0"}}
@@ -459,11 +519,11 @@ def _bench(seconds: float, repeat: int) -> Iterator[Bench]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", default="abcdef", help="scenarios to run, e.g. 'a,c' (default: all)")
+    parser.add_argument("--only", default="abcdefg", help="scenarios to run, e.g. 'a,c' (default: all)")
     parser.add_argument("--quick", action="store_true", help="short runs (smoke test of the suite)")
     args = parser.parse_args()
     seconds, repeat = (2.0, 8) if args.quick else (8.0, 20)
-    wanted = [s for s in args.only.replace(",", "") if s in "abcdef"]
+    wanted = [s for s in args.only.replace(",", "") if s in "abcdefg"]
     started = time.time()
     with _bench(seconds, repeat) as bench:
         for name in wanted:

@@ -146,6 +146,8 @@ class AccessLog:
             fields["worker"] = self.worker
         if r.passthrough:
             fields["passthrough"] = r.passthrough
+        if r.batch_id:
+            fields["batch"] = r.batch_id
         if r.error:
             fields["error"] = r.error[:MAX_ERROR_CHARS]
         return fields

@@ -309,6 +309,26 @@ class Mirror:
 
 
 @dataclass(frozen=True, slots=True)
+class BatchingConfig:
+    """Dynamic batching: the route's inference requests that can share an
+    upstream call are concatenated along dim 0 into one (gateway/batching.py).
+    The operator's promise that the model treats rows independently."""
+
+    max_batch_size: int  # rows per upstream call at most
+    max_delay_ms: float  # how long a batch may wait for more requests after its first
+    # Sizes at which a batch is sent at once, without waiting out the delay.
+    preferred_batch_sizes: tuple[int, ...] = ()
+    # Requests waiting in the route's batches at most; past it: an overload error at once.
+    max_queue: int | None = None
+
+
+# Upstream protocols a batch can go to (their requests are tensors with a batch dimension).
+BATCHING_PROTOCOLS = ("v2-rest", "v2-grpc", "builtin")
+# Longest max_delay_ms: a batching delay is milliseconds, not a request deadline.
+MAX_BATCH_DELAY_MS = 10_000.0
+
+
+@dataclass(frozen=True, slots=True)
 class RouteConfig:
     match: RouteMatch
     upstream: str  # "" when the route splits
@@ -323,6 +343,7 @@ class RouteConfig:
     name: str = ""  # for logs and metrics; empty: "route-<index>"
     # Pass the client's own Authorization header upstream (off: never sent).
     forward_authorization: bool = False
+    batching: BatchingConfig | None = None  # dynamic batching; absent or null: none
 
 
 @dataclass(frozen=True, slots=True)
@@ -881,6 +902,41 @@ def _header_names(node: Node) -> tuple[str, ...]:
     return tuple(x.lower() for x in node.value)
 
 
+def _batching(node: Node) -> BatchingConfig | None:
+    if not _section(node):
+        return None
+    max_batch_size = node.integer("max_batch_size", minimum=1)
+    max_delay_ms = node.get("max_delay_ms", float)
+    if isinstance(max_delay_ms, float) and not 0 <= max_delay_ms <= MAX_BATCH_DELAY_MS:
+        node.error(f"must be a number of milliseconds from 0 to {MAX_BATCH_DELAY_MS:g}, got {max_delay_ms:g}",
+                   "max_delay_ms")
+    preferred: tuple[int, ...] = ()
+    sizes = node.child("preferred_batch_sizes", None)
+    if sizes.value is not None:
+        if not isinstance(sizes.value, list) or not all(
+                isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in sizes.value):
+            sizes.error("must be a list of row counts (integers >= 1)")
+        else:
+            preferred = tuple(sorted(set(sizes.value)))
+            if isinstance(max_batch_size, int) and preferred and preferred[-1] > max_batch_size:
+                sizes.error(f"{preferred[-1]} is more than max_batch_size ({max_batch_size})")
+    max_queue = node.integer("max_queue", None, minimum=1)
+    node.check_no_unknown_keys()
+    if not isinstance(max_batch_size, int) or not isinstance(max_delay_ms, float):
+        return None
+    return BatchingConfig(max_batch_size, max_delay_ms, preferred, max_queue)
+
+
+def _check_batching(item: Node, route: RouteConfig, upstreams: Mapping[str, UpstreamConfig]) -> None:
+    """Batching needs upstreams whose requests are tensors with a batch dimension."""
+    names = [route.upstream] if route.upstream else [w.upstream for w in route.split]
+    for name in names:
+        upstream = upstreams.get(name)
+        if upstream is not None and upstream.protocol not in BATCHING_PROTOCOLS:
+            item.error(f"upstream {name!r} speaks {upstream.protocol}; batching needs an upstream of "
+                       f"protocol {', '.join(BATCHING_PROTOCOLS)}", "batching")
+
+
 def _route(item: Node, listener_names: set[str], upstream_names: set[str], base_dir: Path) -> RouteConfig | None:
     match = _route_match(item.child("match", {}), listener_names)
     name = item.string("name", "")
@@ -898,12 +954,13 @@ def _route(item: Node, listener_names: set[str], upstream_names: set[str], base_
     mirror = _mirrors(item.child("mirror", None), upstream_names)
     forward_headers = _header_names(item.child("forward_headers", None))
     forward_authorization = item.flag("forward_authorization", False)
+    batching = _batching(item.child("batching", None))
     item.check_no_unknown_keys()
     if upstream is None or not (upstream or split):
         return None
     return RouteConfig(match, upstream, rewrite, timeout, options, split,
                        sticky_header.lower() if sticky_header else None, retry, mirror, forward_headers, name,
-                       forward_authorization)
+                       forward_authorization, batching)
 
 
 # --- gateway-wide sections ---------------------------------------------------
@@ -1041,6 +1098,8 @@ def parse_config(data: Any, source: str = "<string>", base_dir: Path | None = No
     for item in routes_node.items():
         route = _route(item, listener_names, upstream_names, base_dir)
         if route is not None:
+            if route.batching is not None:
+                _check_batching(item, route, {x.name: x for x in upstreams})
             routes.append(route)
     _unique(routes_node, [n or None for n in _names_of(routes_node)], "route")
 

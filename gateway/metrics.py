@@ -65,6 +65,9 @@ SIZE_BUCKETS = tuple(float(64 * 8**i) for i in range(9))
 # Responses to one request of a stream: 1 for a unary model, many for a decoupled one.
 STREAM_RESPONSE_BUCKETS = (0.0, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 5000.0)
 LOOP_LAG_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
+# Dynamic batching: rows per upstream call, and a request's wait for its batch (max_delay_ms is a few ms).
+BATCH_SIZE_BUCKETS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0)
+BATCH_QUEUE_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.05)
 
 NO_MODEL = ""  # requests that name no model (health, server metadata)
 OTHER_MODEL = "__other__"  # a new name after the cardinality cap was hit
@@ -252,6 +255,14 @@ class GatewayMetrics:
             "gateway_stream_first_response_seconds", "Time from reading a request of a stream to its first "
             "response being ready to send.", ("listener", "protocol"), buckets=LATENCY_BUCKETS, registry=r)
 
+        # Dynamic batching (gateway/batching.py), by route: few buckets, one series each.
+        self.batch_size = Histogram(
+            "gateway_batch_size", "Rows per upstream call of a batching route.", ("route",),
+            buckets=BATCH_SIZE_BUCKETS, registry=r)
+        self.batch_queue = Histogram(
+            "gateway_batch_queue_seconds", "Time a request of a batching route waited for its batch to be "
+            "sent.", ("route",), buckets=BATCH_QUEUE_BUCKETS, registry=r)
+
         self.build_info.labels(version, platform.python_version()).set(1)
         self.worker_processes.set(1)
         for result in ("success", "failure"):
@@ -395,6 +406,13 @@ class GatewayMetrics:
 
     def record_log_records_dropped(self, records: int) -> None:
         self.log_records_dropped.inc(records)
+
+    def observe_batch(self, route: str, rows: int, waits: list[float]) -> None:
+        """One upstream call of a batching route: its rows, each member's wait."""
+        self.batch_size.labels(route).observe(rows)
+        queue = self.batch_queue.labels(route)
+        for wait in waits:
+            queue.observe(wait)
 
     def observe_loop_lag(self, seconds: float) -> None:
         self.event_loop_lag.observe(seconds)

@@ -126,6 +126,8 @@ class RequestRecord:
     # One of the PASSTHROUGH_* values, set by upstream clients that can
     # forward a request of their own protocol unchanged; "" otherwise.
     passthrough: str = ""
+    # The batch the request rode in upstream (route batching, gateway/batching.py); "" when unbatched.
+    batch_id: str = ""
 
     def fail(self, kind: str, message: str) -> None:
         """Note the error the client is answered with (first one wins)."""

@@ -19,8 +19,9 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
 from gateway.affinity import SequencePins, SequenceStep, sequence_step
+from gateway.batching import Batcher, Member, batch_context, compatibility, share_facts
 from gateway.cluster import ClientFactory, Cluster, Endpoint
-from gateway.config import GatewayConfig, starvation_warnings
+from gateway.config import BatchingConfig, GatewayConfig, starvation_warnings
 from gateway.counters import Counters, Event
 from gateway.errors import (
     CONNECT_FAILURE,
@@ -68,6 +69,7 @@ class Generation:
         self.in_flight = 0
         self.idle = asyncio.Event()
         self.idle.set()
+        self.batchers: dict[str, Batcher] = {}  # by route name, made on first use (gateway/batching.py)
 
     @contextlib.contextmanager
     def use(self) -> Iterator[Generation]:
@@ -95,6 +97,7 @@ class DataPlane:
         self.metrics = metrics_of(services)
         self.counters.subscribe(metrics_hook(self.metrics))
         self._client_factory = client_factory
+        self._services = services
         self._clock = clock
         self._rng = rng or random.Random()
         # A sequence on a split route stays with the upstream its first request went to.
@@ -135,6 +138,7 @@ class DataPlane:
         await asyncio.gather(*(cluster.start() for cluster in self.clusters.values()))
 
     async def close(self) -> None:
+        await asyncio.gather(*(b.close() for g in self._live for b in g.batchers.values()))
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -147,6 +151,7 @@ class DataPlane:
         closed when the last of them is done. Raises if a new cluster cannot
         start; the old configuration then keeps serving."""
         old = self._current
+        self._services = services
         new = self._build(config, services, old.clusters)
         kept = {id(c) for c in old.clusters.values()}
         fresh = [c for c in new.clusters.values() if id(c) not in kept]
@@ -407,8 +412,11 @@ class DataPlane:
             if route.config.mirror:
                 self._start_mirrors(generation, route, upstream_request, ctx)
             sequence = sequence_step(request.parameters) if request.parameters else None
-            response = await self._call(generation, route, ctx, lambda c: c.infer(upstream_request, ctx),
-                                        sequence=sequence)
+            if route.config.batching is None or sequence is not None:  # a sequence's step is never batched
+                response = await self._call(generation, route, ctx, lambda c: c.infer(upstream_request, ctx),
+                                            sequence=sequence)
+            else:
+                response = await self._batched(generation, route, route.config.batching, upstream_request, ctx)
         finally:
             generation.exit()
         return _as_asked(response, request, route)
@@ -453,6 +461,44 @@ class DataPlane:
             log.warning("request %s: upstream %s failed mid-stream: %r", ctx.request_id, ctx.record.upstream, error)
             raise GatewayError(ErrorKind.UPSTREAM_UNAVAILABLE, f"upstream '{ctx.record.upstream}' failed "
                                f"mid-stream ({type(error).__name__})")
+
+    # --- dynamic batching (gateway/batching.py) --------------------------------
+
+    async def _batched(self, generation: Generation, route: Route, batching: BatchingConfig, request: InferRequest,
+                       ctx: RequestContext) -> InferResponse:
+        """``request`` through the route's batcher. Its deadline counts from
+        its own arrival, whatever batch it rides in."""
+        batcher = generation.batchers.get(route.name)
+        if batcher is None:
+            batcher = generation.batchers[route.name] = Batcher(
+                route.name, batching, lambda r, members: self._send_batch(generation, route, r, members),
+                offload=getattr(self._services, "offload", None), budget=getattr(self._services, "budget", None),
+                release_inputs=not route.config.mirror,
+                observe=lambda rows, waits: self.metrics.observe_batch(route.name, rows, waits))
+        configured = route.config.timeout
+        if configured is None and not route.config.split:
+            configured = generation.clusters[route.upstream].config.timeout
+        due = [t for t in (ctx.deadline, None if configured is None else ctx.started + configured) if t is not None]
+        budget = min(due) - time.monotonic() if due else None
+        try:
+            async with asyncio.timeout(budget) as deadline:
+                return await batcher.infer(request, ctx, compatibility(request, ctx))
+        except TimeoutError:
+            if not deadline.expired():
+                raise
+            raise GatewayError(ErrorKind.UPSTREAM_TIMEOUT, f"route '{route.name}' did not answer within "
+                               f"{max(0.0, budget or 0.0):g}s (the request's deadline, batched)") from None
+
+    async def _send_batch(self, generation: Generation, route: Route, request: InferRequest,
+                          members: list[Member]) -> InferResponse:
+        """One upstream call for a batch, with the route's retries, under the
+        latest deadline of its members (each member keeps its own)."""
+        ctx = batch_context(members)
+        try:
+            return await self._call(generation, route, ctx, lambda c: c.infer(request, ctx))
+        finally:
+            for member in members:
+                share_facts(ctx, member)
 
     async def model_metadata(self, model: str, version: str, ctx: RequestContext) -> ModelMetadata:
         generation = self._current

@@ -48,7 +48,8 @@ DURATIONS = {
     ("DnsDiscovery", "refresh"), ("DnsDiscovery", "timeout"), ("DnsDiscovery", "reconnect"),
 }
 # ... and floats that are plain numbers. Every float field is in one of the two.
-NUMBERS = {("RetryBudget", "percent"), ("Mirror", "percent"), ("TracingConfig", "sample_ratio")}
+NUMBERS = {("RetryBudget", "percent"), ("Mirror", "percent"), ("TracingConfig", "sample_ratio"),
+           ("BatchingConfig", "max_delay_ms")}
 # Ints read by Node.size (bytes, or "512KiB", "64MiB", "1GiB").
 SIZES = {("Limits", name) for name in ("max_request_bytes", "max_request_tensor_bytes", "max_bytes_element",
                                       "max_header_line_bytes", "max_grpc_metadata_bytes", "max_inflight_bytes")}
