@@ -422,13 +422,13 @@ async def test_concurrent_requests_past_the_limit_are_refused_at_once(gateway: I
                 return await grpc_infer(channel)(grpc_request(("FP32", [1], b"\0" * 4), model="slow"), timeout=30)
 
             calls = [asyncio.create_task(slow_call()) for _ in range(REQUESTS)]
-            await _until(lambda: gateway.gateway.frontends["grpc"]._active == REQUESTS)  # type: ignore[attr-defined]
+            await _until(lambda: gateway.gateway.frontends["grpc"].active == REQUESTS)  # type: ignore[attr-defined]
             code, details = await grpc_error(channel, grpc_request(("UINT8", [1], b"\1")))
             assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "max_concurrent_requests" in details
             for call in calls:
                 call.cancel()
             await asyncio.gather(*calls, return_exceptions=True)
-            await _until(lambda: gateway.gateway.frontends["grpc"]._active == 0)  # type: ignore[attr-defined]
+            await _until(lambda: gateway.gateway.frontends["grpc"].active == 0)  # type: ignore[attr-defined]
             await assert_grpc_serves(channel)
         for task in hung:
             task.cancel()

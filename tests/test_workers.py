@@ -107,7 +107,7 @@ def test_crashed_worker_is_restarted_and_its_counts_survive(workers: Workers) ->
     wait_for(lambda: len(kids := children(workers.pid)) == 2 and victim not in kids, 15, "a replacement worker")
     replacement = next(p for p in children(workers.pid) if p != survivor)
     wait_for(lambda: f"worker {index} started (pid {replacement})" in workers.process.log(), 5, "the restart")
-    before = wait_for(lambda: (s := workers.served_by()) and sum(s.values()) == 20 and s, 5, "20 log lines")
+    before = wait_for(lambda: (s := workers.served_by()) and sum(s.values()) == 20 and s, 15, "20 log lines")
     wait_for(lambda: workers.metric("gateway_worker_processes") == 2, 15, "the replacement to serve")
     workers.infer(40)
     assert wait_for(lambda: workers.infers_counted() == 60, 5, "60 counted, the dead worker's included")
