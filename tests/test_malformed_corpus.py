@@ -533,5 +533,25 @@ def test_malformed_request(case: Case, gateway: GatewayProcess, http: requests.S
     _still_serves(case, gateway, http, channel)
 
 
+STREAM_CASES = [c for c in GRPC_CASES if c.request[0] == "ModelInfer"]
+
+
+@pytest.mark.parametrize("case", STREAM_CASES, ids=[f"stream-{c.name}" for c in STREAM_CASES])
+def test_malformed_stream_message(case: Case, gateway: GatewayProcess, channel: grpc.Channel) -> None:
+    """Every bad ModelInfer message, sent in a ModelStreamInfer call between
+    two good ones: its error comes back in the stream (``error_message``,
+    the same words as the unary error), and the stream goes on."""
+    good = infer(("INPUT0", "UINT8", [2]), raw=[b"\1\2"])
+    call = channel.stream_stream(pb.method_path("ModelStreamInfer"),
+                                 request_serializer=lambda m: m if isinstance(m, bytes) else m.SerializeToString(),
+                                 response_deserializer=pb.ModelStreamInferResponse.FromString)
+    replies = list(call(iter([good, case.request[1], good]), timeout=10))
+    assert len(replies) == 3, replies
+    errors = [r.error_message for r in replies if r.error_message]
+    assert len(errors) == 1 and case.words in errors[0], errors
+    answered = [r.infer_response.raw_output_contents[0] for r in replies if not r.error_message]
+    assert answered == [b"\1\2", b"\1\2"]
+
+
 def test_no_traceback_in_the_log(gateway: GatewayProcess) -> None:
     assert "Traceback" not in gateway.log()
