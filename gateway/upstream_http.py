@@ -24,7 +24,8 @@ Policies (docs/routing-and-resilience.md, "The upstream HTTP transport"):
   decides whether to send it again.
 - A connection goes back to the pool only after a complete reply that lets
   it live (HTTP/1.1 without ``Connection: close``, all of the request
-  written); one whose exchange failed or was cancelled is closed.
+  written, a status below 500: some servers close silently after an
+  error); one whose exchange failed or was cancelled is closed.
 - Redirects are answers (never followed); replies are asked uncompressed
   (``Accept-Encoding: identity``) and a compressed one is refused.
 - Every failure leaves as a named :class:`~gateway.errors.GatewayError`:
@@ -556,7 +557,10 @@ class _Connection(asyncio.BufferedProtocol):
                         await self._writable()
         self._sent_all = not reply.done()
         result = await reply
-        self.reusable = self._keep_alive and self._sent_all and self.pool.keepalive
+        # Not after a 5xx: some servers close the connection after an error
+        # without saying so (uvicorn, under KServe, after a model's
+        # exception), and a request written before the close is seen resets.
+        self.reusable = self._keep_alive and self._sent_all and self.pool.keepalive and result.status < 500
         return result
 
     async def _writable(self) -> None:

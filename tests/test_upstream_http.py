@@ -349,6 +349,28 @@ def test_connection_close_and_http_1_0_are_honoured(run: Any) -> None:
     run(scenario())
 
 
+def test_a_connection_is_not_reused_after_a_server_error(run: Any) -> None:
+    """A server that closes silently after its 500 (uvicorn under KServe
+    does): the next request must not be written onto that connection."""
+    async def scenario() -> None:
+        async def failing(server: RawServer, writer: asyncio.StreamWriter, head: bytes, body: bytes) -> bool:
+            if body == b"fail":
+                writer.write(reply(b"oops", status="500 Internal Server Error"))
+                await writer.drain()
+                await asyncio.sleep(0.05)  # closes a little later, as a busy server does
+                return False
+            writer.write(reply(body))
+            return True
+
+        async with RawServer(failing) as server:
+            http = server.client()
+            assert (await http.request("POST", "/", None, b"fail")).status == 500
+            assert (await http.request("POST", "/", None, b"next")).body == b"next"  # no reset
+            assert server.connections == 2 and http.idle_connections == 1
+            await http.close()
+    run(scenario())
+
+
 def test_keepalive_false_asks_for_close(run: Any) -> None:
     async def scenario() -> None:
         async with RawServer() as server:

@@ -71,10 +71,9 @@ routes:
   - match: {{model: doubler, listener: umb}}
     upstream: v1
     options: {{umbridge: {{finite_differences: true}}}}
-  # KServe's uvicorn closes the connection after a model's unhandled error
-  # (its 500): a request already sent on it is reset, and these models are
-  # idempotent, so it may go again (docs/v1-rest.md).
-  - {{match: {{model: "*"}}, upstream: v1, retry: {{attempts: 2, retry_on: [connect-failure, reset]}}}}
+  # No retry on reset: after KServe's 500 (it then closes the connection
+  # silently) the transport must not reuse the connection (docs/v1-rest.md).
+  - {{match: {{model: "*"}}, upstream: v1}}
 """
 
 
