@@ -16,9 +16,12 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as aioclient
 
+from gateway.http.sse import SseError, SseEvent, SseParser, parse_events
 from peers.mlserver import MLServerPeer
 from support import GatewayProcess, wait_for, write_config
 
@@ -74,6 +77,41 @@ routes:
 """
     with GatewayProcess(write_config(directory, text), directory / "gateway.log") as gw:
         yield gw
+
+
+# --- the SSE parser (gateway/http/sse.py) ------------------------------------------------
+
+SSE_TEXT = (b": a comment\r\ndata: {\"a\": 1}\r\n\r\nevent: error\ndata:first\ndata: second\n\n"
+            b"id: 7\rretry: 5\rdata:  two spaces\r\r\n\ndata: unfinished")
+SSE_EVENTS = [SseEvent("message", b'{"a": 1}'), SseEvent("error", b"first\nsecond"),
+              SseEvent("message", b" two spaces")]
+
+
+def test_sse_events_with_every_line_ending() -> None:
+    assert parse_events(SSE_TEXT, 1000) == SSE_EVENTS
+    parser = SseParser(1000)
+    parser.feed(SSE_TEXT)
+    assert parser.pending  # "data: unfinished" has no blank line after it
+
+
+@given(st.lists(st.integers(min_value=0, max_value=len(SSE_TEXT)), max_size=12))
+def test_sse_events_are_the_same_however_the_stream_is_cut(cuts: list[int]) -> None:
+    parser = SseParser(1000)
+    bounds = [0, *sorted(cuts), len(SSE_TEXT)]
+    got = [event for a, b in zip(bounds, bounds[1:]) for event in parser.feed(SSE_TEXT[a:b])]
+    assert got == SSE_EVENTS
+
+
+def test_an_sse_event_is_bounded() -> None:
+    parser = SseParser(100)
+    with pytest.raises(SseError):
+        for _ in range(20):
+            parser.feed(b"data: " + b"x" * 10 + b"\n")  # lines of one event that never ends
+    with pytest.raises(SseError):
+        SseParser(100).feed(b"data: " + b"x" * 200)  # one line that never ends
+
+
+# --- through the gateway --------------------------------------------------------------------
 
 
 def count_inputs(values: list[int], module: Any = grpcclient) -> list[Any]:
