@@ -8,6 +8,7 @@ and a slow reader that slows the upstream."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import queue
 import threading
 import time
@@ -16,10 +17,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as aioclient
+from hypothesis import given
+from hypothesis import strategies as st
 
 from gateway.http.sse import SseError, SseEvent, SseParser, parse_events
 from peers.mlserver import MLServerPeer
@@ -98,7 +99,7 @@ def test_sse_events_with_every_line_ending() -> None:
 def test_sse_events_are_the_same_however_the_stream_is_cut(cuts: list[int]) -> None:
     parser = SseParser(1000)
     bounds = [0, *sorted(cuts), len(SSE_TEXT)]
-    got = [event for a, b in zip(bounds, bounds[1:]) for event in parser.feed(SSE_TEXT[a:b])]
+    got = [event for a, b in itertools.pairwise(bounds) for event in parser.feed(SSE_TEXT[a:b])]
     assert got == SSE_EVENTS
 
 
@@ -121,8 +122,8 @@ def count_inputs(values: list[int], module: Any = grpcclient) -> list[Any]:
 
 
 def repeat_inputs(values: list[int], delay_ms: int = 0) -> list[Any]:
-    inputs = [grpcclient.InferInput("IN", [len(values)], "INT32"), grpcclient.InferInput("DELAY", [len(values)], "UINT32"),
-              grpcclient.InferInput("WAIT", [1], "UINT32")]
+    inputs = [grpcclient.InferInput("IN", [len(values)], "INT32"),
+              grpcclient.InferInput("DELAY", [len(values)], "UINT32"), grpcclient.InferInput("WAIT", [1], "UINT32")]
     inputs[0].set_data_from_numpy(np.array(values, dtype=np.int32))
     inputs[1].set_data_from_numpy(np.full(len(values), delay_ms, dtype=np.uint32))
     inputs[2].set_data_from_numpy(np.array([0], dtype=np.uint32))
