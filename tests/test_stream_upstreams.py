@@ -24,13 +24,14 @@ from hypothesis import strategies as st
 
 from gateway.http.sse import SseError, SseEvent, SseParser, parse_events
 from peers.mlserver import MLServerPeer
-from support import GatewayProcess, wait_for, write_config
+from support import GatewayProcess, metric_value, scrape_metrics, wait_for, write_config
 
 MODEL = "count_stream"  # tests/peers/mlserver_models/count_stream.py
 # The front gateway's model names, one per upstream.
 VIA_GRPC, VIA_REST, VIA_UNARY = "grpc_count", "rest_count", "unary_simple"
 
 PEER_CONFIG = """
+admin: {address: "127.0.0.1:0"}
 listeners:
   - {name: grpc, protocol: v2-grpc, address: "127.0.0.1:0"}
 upstreams:
@@ -312,6 +313,23 @@ def test_cancel_mid_stream_reaches_the_upstream(gateway: GatewayProcess, mlserve
     assert ended[0]["how"] == "cancelled"
     sent = [e for e in events(mlserver, tag) if e["event"] == "sent"]
     assert 2 <= len(sent) < 100
+
+
+def test_cancel_reaches_a_triton_form_peer(gateway: GatewayProcess, peer_gateway: GatewayProcess) -> None:
+    def cancelled() -> float:
+        return metric_value(scrape_metrics(peer_gateway), "gateway_requests_total", operation="stream_infer",
+                            outcome="cancelled")
+
+    before = cancelled()
+    stream = Stream(gateway.url("grpc"))
+    try:
+        stream.client.async_stream_infer("repeat_int32", repeat_inputs(list(range(20)), delay_ms=300),
+                                         request_id="long")
+        _, error = stream.next()
+        assert error is None
+    finally:
+        stream.close(cancel=True)
+    wait_for(lambda: cancelled() == before + 1, 10, "the peer's request to be cancelled")
 
 
 @pytest.mark.parametrize("model", [VIA_GRPC, VIA_REST])
