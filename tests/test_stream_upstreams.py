@@ -29,6 +29,8 @@ from support import GatewayProcess, metric_value, scrape_metrics, wait_for, writ
 MODEL = "count_stream"  # tests/peers/mlserver_models/count_stream.py
 # The front gateway's model names, one per upstream.
 VIA_GRPC, VIA_REST, VIA_UNARY = "grpc_count", "rest_count", "unary_simple"
+# ... and with `stream_relay: immediate`.
+NOW_GRPC, NOW_REST = "grpc_count_now", "rest_count_now"
 
 PEER_CONFIG = """
 admin: {address: "127.0.0.1:0"}
@@ -64,7 +66,17 @@ upstreams:
   - {{name: ml-rest, protocol: v2-rest, endpoints: ["{mlserver.rest_address}"], streaming: infer_stream}}
   - {{name: ml-unary, protocol: v2-rest, endpoints: ["{mlserver.rest_address}"]}}
   - {{name: peer, protocol: v2-grpc, endpoints: ["{peer_gateway.url('grpc')}"]}}
+  - {{name: ml-grpc-now, protocol: v2-grpc, endpoints: ["{mlserver.grpc_address}"], stream_form: mlserver,
+      stream_relay: immediate}}
+  - {{name: ml-rest-now, protocol: v2-rest, endpoints: ["{mlserver.rest_address}"], streaming: infer_stream,
+      stream_relay: immediate}}
 routes:
+  - match: {{model: {NOW_GRPC}}}
+    upstream: ml-grpc-now
+    rewrite: {{model: {MODEL}}}
+  - match: {{model: {NOW_REST}}}
+    upstream: ml-rest-now
+    rewrite: {{model: {MODEL}}}
   - match: {{model: {VIA_GRPC}}}
     upstream: ml-grpc
     rewrite: {{model: {MODEL}}}
@@ -190,6 +202,30 @@ def test_several_responses_per_request(gateway: GatewayProcess, model: str) -> N
         # The last response was final: no empty final one follows, though asked.
         with pytest.raises(queue.Empty):
             stream.next(timeout=0.5)
+    finally:
+        stream.close()
+
+
+@pytest.mark.parametrize("model", [NOW_GRPC, NOW_REST])
+def test_immediate_relay(gateway: GatewayProcess, mlserver: MLServerPeer, model: str) -> None:
+    """``stream_relay: immediate``: a response goes on before the model has
+    made the next (it waits 1 s first); none is final, and the stream's end
+    comes as the empty final response the client asked for."""
+    tag = f"now-{model}"
+    stream = Stream(gateway.url("grpc"))
+    try:
+        stream.client.async_stream_infer(model, count_inputs([1, 2]), request_id=tag,
+                                         parameters={"delay_ms": 1000, "tag": tag},
+                                         enable_empty_final_response=True)
+        first, error = stream.next()
+        assert error is None and outs([first]) == [(1, 0)]
+        # The model logs a response as sent once it resumes after yielding it: index 1 is a second away.
+        assert 1 not in [e["index"] for e in events(mlserver, tag) if e["event"] == "sent"]
+        results = [stream.next() for _ in range(2)]
+        assert all(error is None for _, error in results)
+        assert outs([results[0][0]]) == [(2, 1)]
+        assert [final_flag(first), final_flag(results[0][0])] == [False, False]
+        assert final_flag(results[1][0]) is True and not results[1][0].get_response().outputs
     finally:
         stream.close()
 

@@ -26,7 +26,13 @@ from gateway.confignode import Node
 from gateway.errors import CONNECT_FAILURE, ErrorKind, GatewayError, malformed
 from gateway.observe import PASSTHROUGH_REQUEST_ONLY, PASSTHROUGH_TRANSLATED
 from gateway.protocols.base import StreamedResponse, UpstreamClient
-from gateway.protocols.upstream import parse_response_limit, reading_reply, response_limit
+from gateway.protocols.upstream import (
+    HOLD_LAST,
+    parse_response_limit,
+    parse_stream_relay,
+    reading_reply,
+    response_limit,
+)
 from gateway.protocols.v2_grpc import codec, extensions, passthrough, upstream_stream
 from gateway.protocols.v2_grpc import messages as pb
 from gateway.tls import grpc_channel_credentials, grpc_channel_options
@@ -58,6 +64,7 @@ STREAMED_MIN_BYTES = 1 << 20
 class GrpcUpstreamOptions:
     max_response_bytes: int | None = None  # None: 4 x limits.max_request_bytes
     stream_form: str = upstream_stream.AUTO  # what its ModelStreamInfer streams: auto | triton | mlserver
+    stream_relay: str = HOLD_LAST  # MLServer's form: hold_last | immediate (gateway/protocols/upstream.py)
 
 
 class V2GrpcClient(UpstreamClient):
@@ -66,7 +73,8 @@ class V2GrpcClient(UpstreamClient):
     @classmethod
     def parse_options(cls, node: Node) -> GrpcUpstreamOptions:
         return GrpcUpstreamOptions(parse_response_limit(node),
-                                   node.choice("stream_form", upstream_stream.FORMS, upstream_stream.AUTO))
+                                   node.choice("stream_form", upstream_stream.FORMS, upstream_stream.AUTO),
+                                   parse_stream_relay(node))
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
@@ -75,6 +83,7 @@ class V2GrpcClient(UpstreamClient):
         self._calls: dict[str, Any] = {}
         # The form of the upstream's ModelStreamInfer; None until learned (auto).
         self.stream_form: str | None = None if options.stream_form == upstream_stream.AUTO else options.stream_form
+        self.hold_last = options.stream_relay == HOLD_LAST
 
     async def start(self) -> None:
         options: list[tuple[str, Any]] = [
@@ -225,7 +234,7 @@ class V2GrpcClient(UpstreamClient):
                     raise codec.decode_error(await call.code(), await call.details(), self.label) from None
                 async for data in call:  # grpc's flow control: a slow consumer slows the upstream
                     part = upstream_stream.stream_part(data, form, self.label, max_elements)
-                    if form == upstream_stream.TRITON:
+                    if form == upstream_stream.TRITON or not self.hold_last:
                         yield part
                         continue
                     if held is not None:

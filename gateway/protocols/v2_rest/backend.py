@@ -37,7 +37,13 @@ from gateway.errors import ErrorKind, GatewayError, unsupported
 from gateway.http.sse import SseError, SseEvent, SseParser
 from gateway.observe import PASSTHROUGH_REQUEST_ONLY, PASSTHROUGH_TRANSLATED, PASSTHROUGH_VERBATIM
 from gateway.protocols.base import StreamedResponse, UpstreamClient
-from gateway.protocols.upstream import parse_response_limit, reading_reply, response_limit
+from gateway.protocols.upstream import (
+    HOLD_LAST,
+    parse_response_limit,
+    parse_stream_relay,
+    reading_reply,
+    response_limit,
+)
 from gateway.protocols.v2_rest import codec
 from gateway.tls import http_client_tls
 from gateway.types import (
@@ -67,6 +73,7 @@ class RestUpstreamOptions:
     max_connections: int = 64  # per endpoint
     max_response_bytes: int | None = None  # None: 4 x limits.max_request_bytes
     streaming: str = "unary"  # a stream's request: unary (one /infer) | infer_stream (MLServer's SSE endpoint)
+    stream_relay: str = HOLD_LAST  # infer_stream's events: hold_last | immediate (gateway/protocols/upstream.py)
 
 
 class V2RestClient(UpstreamClient):
@@ -79,6 +86,7 @@ class V2RestClient(UpstreamClient):
             max_connections=node.integer("max_connections", 64, minimum=1),
             max_response_bytes=parse_response_limit(node),
             streaming=node.choice("streaming", STREAMING_MODES, "unary"),
+            stream_relay=parse_stream_relay(node),
         )
 
     def __init__(self, *args: Any) -> None:
@@ -216,9 +224,10 @@ class V2RestClient(UpstreamClient):
     async def infer_stream(self, request: InferRequest, ctx: RequestContext) -> AsyncIterator[StreamedResponse]:
         """With ``streaming: infer_stream``: each server-sent event of the
         upstream's ``infer_stream`` reply as a response. Events carry no
-        final flag, so each response goes on when the next event (or the
-        reply's end, which makes it final) arrives. A consumer that stops reading stops
-        the socket being read (bounded buffer), so the server waits; closing
+        final flag: with ``stream_relay: hold_last`` each response goes on
+        when the next event (or the reply's end, which makes it final)
+        arrives; with ``immediate`` at once, none final. A consumer that
+        stops reading stops the socket being read (bounded buffer), so the server waits; closing
         this iterator early closes the connection, which ends the server's
         stream. An event is bounded by ``max_response_bytes``."""
         if self.options.streaming != "infer_stream":
@@ -247,6 +256,9 @@ class V2RestClient(UpstreamClient):
                     for event in self._events(parser, piece):
                         with reading_reply(self.label):
                             response = codec.decode_infer_response(_event_json(event.data), None, max_elements)
+                        if self.options.stream_relay != HOLD_LAST:
+                            yield StreamedResponse(response)
+                            continue
                         if held is not None:
                             yield StreamedResponse(held)
                         held = response
