@@ -441,10 +441,17 @@ class DataPlane:
             async def relay(client: UpstreamClient) -> None:
                 delivered = False
                 try:
-                    async for part in client.infer_stream(upstream_request, ctx):
-                        part.response = _as_asked(part.response, request, route)
-                        delivered = True
-                        await deliver(part)
+                    parts = client.infer_stream(upstream_request, ctx)
+                    try:
+                        async for part in parts:
+                            part.response = _as_asked(part.response, request, route)
+                            delivered = True
+                            await deliver(part)
+                    finally:
+                        # Closed at once when this ends early (cancel, deadline): the upstream's stream ends too.
+                        close = getattr(parts, "aclose", None)
+                        if close is not None:
+                            await close()
                 except Exception as exc:
                     if not delivered:
                         raise

@@ -28,6 +28,10 @@ Policies (docs/routing-and-resilience.md, "The upstream HTTP transport"):
   error); one whose exchange failed or was cancelled is closed.
 - Redirects are answers (never followed); replies are asked uncompressed
   (``Accept-Encoding: identity``) and a compressed one is refused.
+- :meth:`UpstreamHttp.stream` reads a reply's body as it comes (server-sent
+  events): chunks wait in a buffer of ``buffer_bytes``; past it the socket
+  is not read until the consumer takes some, so a slow consumer slows the
+  server (TCP's flow control) and nothing grows without bound.
 - Every failure leaves as a named :class:`~gateway.errors.GatewayError`:
   :func:`~gateway.errors.connect_failure` (refused, DNS, TLS handshake,
   connect timeout), :func:`~gateway.errors.connection_reset` (lost before a
@@ -101,6 +105,45 @@ class HttpReply:
         self.body = body  # a bytearray when it was read into a buffer of the declared length
 
 
+class HttpStream:
+    """A reply whose body is read as it comes (:meth:`UpstreamHttp.stream`).
+    ``close`` it when done: the connection goes back to the pool only when
+    the whole body was read."""
+
+    __slots__ = ("_conn", "_pool", "headers", "status")
+
+    def __init__(self, pool: UpstreamHttp, conn: _Connection, reply: HttpReply) -> None:
+        self._pool = pool
+        self._conn: _Connection | None = conn
+        self.status = reply.status
+        self.headers = reply.headers
+
+    async def read(self) -> bytes | None:
+        """The next piece of the body, None at its end. Raises named GatewayErrors only."""
+        if self._conn is None:
+            return None
+        return await self._conn.read_piece()
+
+    async def read_all(self, limit: int) -> bytes:
+        """The rest of the body, up to ``limit`` bytes (more is cut off: for error answers)."""
+        pieces: list[bytes] = []
+        size = 0
+        while size < limit and (piece := await self.read()) is not None:
+            pieces.append(piece)
+            size += len(piece)
+        return b"".join(pieces)[:limit]
+
+    def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        if conn.stream_complete():
+            self._pool._release(conn, conn.reusable)
+        else:
+            conn.forget_outcome()
+            self._pool._discard(conn)  # a body left unread: the connection cannot carry another exchange
+
+
 class _Stop(Exception):
     """Ends httptools' parse from inside a callback (the reason is kept aside)."""
 
@@ -164,6 +207,22 @@ class UpstreamHttp:
             raise
         self._release(conn, conn.reusable)
         return reply
+
+    async def stream(self, method: str, path: str, headers: Mapping[str, str] | None = None,
+                     body: Body | Sequence[Body] | None = None, *, buffer_bytes: int = 256 << 10) -> HttpStream:
+        """One exchange whose reply body is read as it comes: returns at the
+        reply's head. At most ``buffer_bytes`` (plus one socket read) of it
+        wait unread. The reply's size is not bounded here: the reader bounds
+        what it keeps."""
+        head, parts, size = self._encode(method, path, headers, body)
+        conn = await self._acquire()
+        try:
+            reply = await conn.exchange(head, parts, size, stream_buffer=buffer_bytes)
+        except BaseException:
+            conn.forget_outcome()
+            self._discard(conn)
+            raise
+        return HttpStream(self, conn, reply)
 
     def _encode(self, method: str, path: str, headers: Mapping[str, str] | None,
                 body: Body | Sequence[Body] | None) -> tuple[bytes, list[Body], int]:
@@ -377,6 +436,13 @@ class _Connection(asyncio.BufferedProtocol):
         self._filled = 0
         self._sent_all = False
         self._failure: GatewayError | None = None
+        # A streamed reply (stream_buffer set): its body's pieces wait here for read_piece.
+        self._stream_buffer: int | None = None
+        self._pieces: deque[bytes] = deque()
+        self._buffered = 0
+        self._reading_paused = False
+        self._ended = False  # the streamed body is complete
+        self._readable: asyncio.Future[None] | None = None
 
     # --- asyncio's side ----------------------------------------------------------
 
@@ -391,6 +457,14 @@ class _Connection(asyncio.BufferedProtocol):
         self.lost = True
         self._poll = None
         self._wake_writer()
+        if self._streaming_body():
+            if self._state == _UNTIL_CLOSE and exc is None:
+                self._complete()
+            else:
+                error = connection_reset(self.pool.label, "closed the connection mid-reply")
+                error.__cause__ = exc
+                self._fail(error)
+            return
         if self._reply is None or self._reply.done():
             self.pool.lost_while_idle(self)
             return
@@ -427,7 +501,7 @@ class _Connection(asyncio.BufferedProtocol):
                 self._view = None
                 self._complete()
             return
-        if self._reply is None or self._reply.done() or self._state == _DONE:
+        if self._reply is None or (self._reply.done() and not self._streaming_body()) or self._state == _DONE:
             self.abort()  # bytes nobody asked for: this connection's framing cannot be trusted
             return
         self._received += nbytes
@@ -444,7 +518,7 @@ class _Connection(asyncio.BufferedProtocol):
             return
         if self._state == _HEAD and self._received > MAX_HEAD_BYTES:
             self._fail(self._bad(f"a reply head over {MAX_HEAD_BYTES} bytes"))
-        elif self._received > self.pool.max_response + MAX_HEAD_BYTES:  # chunk framing, trailers
+        elif self._stream_buffer is None and self._received > self.pool.max_response + MAX_HEAD_BYTES:  # framing
             self._fail(self._too_large(self._received))
         elif self._state == _SIZED:
             self._parser = None  # the rest of the body is read straight into its buffer
@@ -487,6 +561,12 @@ class _Connection(asyncio.BufferedProtocol):
             raise _Stop
         length = fields.get("content-length")
         self._chunked = "transfer-encoding" in fields
+        if self._stream_buffer is not None:  # the body goes to the reader as it comes, whatever its size
+            self._state = _UNTIL_CLOSE if length is None and not self._chunked and not self._keep_alive \
+                and status not in _NO_BODY_STATUSES else _PARSED
+            if self._reply is not None and not self._reply.done():
+                self._reply.set_result(HttpReply(status, ReplyHeaders(fields), b""))
+            return
         if length is not None and not self._chunked and status not in _NO_BODY_STATUSES:
             self._length = int(length)  # llhttp checked it is digits
             if self._length > self.pool.max_response:
@@ -501,6 +581,14 @@ class _Connection(asyncio.BufferedProtocol):
             self._state = _UNTIL_CLOSE
 
     def on_body(self, body: bytes) -> None:
+        if self._stream_buffer is not None:
+            self._pieces.append(body)
+            self._buffered += len(body)
+            self._wake_reader()
+            if self._buffered >= self._stream_buffer and not self._reading_paused and self.transport is not None:
+                self._reading_paused = True
+                self.transport.pause_reading()  # the consumer is behind: the server waits (TCP flow control)
+            return
         if self._state == _SIZED:
             if self._view is None and self._filled == 0 and len(body) == self._length:
                 self._body = body  # the whole body in one read: kept as it came
@@ -530,7 +618,8 @@ class _Connection(asyncio.BufferedProtocol):
 
     # --- one exchange --------------------------------------------------------------
 
-    async def exchange(self, head: bytes, parts: list[Body], size: int) -> HttpReply:
+    async def exchange(self, head: bytes, parts: list[Body], size: int,
+                       stream_buffer: int | None = None) -> HttpReply:
         transport = self.transport
         assert transport is not None
         loop = asyncio.get_running_loop()
@@ -543,6 +632,10 @@ class _Connection(asyncio.BufferedProtocol):
         self._interim = self._chunked = self._sent_all = self.reusable = False
         self._body = bytearray()
         self._failure = None
+        self._stream_buffer = stream_buffer
+        self._pieces.clear()
+        self._buffered = 0
+        self._ended = self._reading_paused = False
         if size <= _WRITE_PIECE_BYTES:
             transport.write(head + b"".join(parts) if len(parts) > 1 else head + parts[0] if parts else head)
         else:
@@ -582,7 +675,42 @@ class _Connection(asyncio.BufferedProtocol):
         self._view = memoryview(buffer)
         self._filled = 0
 
+    # --- a streamed body -------------------------------------------------------------
+
+    def _streaming_body(self) -> bool:
+        """Whether a streamed reply's head has gone to its reader and its body is still coming."""
+        return self._stream_buffer is not None and self._reply is not None and self._reply.done() and not self._ended
+
+    async def read_piece(self) -> bytes | None:
+        while not self._pieces:
+            if self._ended:
+                if self._failure is not None:
+                    raise self._failure
+                return None
+            self._readable = asyncio.get_running_loop().create_future()
+            try:
+                await self._readable
+            finally:
+                self._readable = None
+        piece = self._pieces.popleft()
+        self._buffered -= len(piece)
+        if self._reading_paused and self._buffered < (self._stream_buffer or 0) // 2 and self.transport is not None:
+            self._reading_paused = False
+            self.transport.resume_reading()
+        return piece
+
+    def _wake_reader(self) -> None:
+        if self._readable is not None and not self._readable.done():
+            self._readable.set_result(None)
+
+    def stream_complete(self) -> bool:
+        """Whether a streamed body was read to its end without failure."""
+        return self._ended and self._failure is None and not self._pieces
+
     def _complete(self) -> None:
+        if self._stream_buffer is not None:
+            self._ended = True
+            self._wake_reader()
         self._state = _DONE
         self._parser = None
         self._wake_writer()  # answered before the request was all written: stop writing it
@@ -598,6 +726,10 @@ class _Connection(asyncio.BufferedProtocol):
         return GatewayError(ErrorKind.UPSTREAM_BAD_RESPONSE, f"upstream {self.pool.label} sent {what}")
 
     def _fail(self, error: GatewayError) -> None:
+        if self._stream_buffer is not None and self._reply is not None and self._reply.done():
+            self._failure = self._failure or error
+            self._ended = True  # what was buffered is read first, then the error
+            self._wake_reader()
         self._state = _DONE
         self._parser = None
         self._wake_writer()

@@ -527,3 +527,104 @@ def test_cancelling_a_request_closes_its_connection(run: Any) -> None:
             await asyncio.wait_for(server.closed.wait(), 2)  # the server saw the connection go
             await http.close()
     run(scenario())
+
+
+# --- streamed replies (UpstreamHttp.stream) ------------------------------------------------
+
+
+def chunk(data: bytes) -> bytes:
+    return b"%x\r\n" % len(data) + data + b"\r\n"
+
+
+def test_a_streamed_reply_comes_piece_by_piece_and_its_connection_is_reused(run: Any) -> None:
+    async def scenario() -> None:
+        more = asyncio.Event()
+
+        async def events(server: RawServer, writer: asyncio.StreamWriter, head: bytes, body: bytes) -> bool:
+            writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Type: text/event-stream\r\n\r\n"
+                         + chunk(b"first"))
+            await writer.drain()
+            await more.wait()  # the second piece is written only once the first was read
+            writer.write(chunk(b"second") + b"0\r\n\r\n")
+            return True
+
+        async with RawServer(events) as server:
+            http = server.client()
+            stream = await http.stream("POST", "/infer_stream", None, b"{}")
+            assert (stream.status, stream.headers.get("content-type")) == (200, "text/event-stream")
+            assert await stream.read() == b"first"
+            more.set()
+            assert await stream.read() == b"second"
+            assert await stream.read() is None
+            stream.close()
+            assert http.idle_connections == 1  # read to its end: back to the pool
+            more.clear()
+            more.set()
+            stream = await http.stream("POST", "/infer_stream", None, b"{}")
+            assert await stream.read_all(1 << 20) == b"firstsecond"
+            stream.close()
+            assert server.connections == 1
+            await http.close()
+    run(scenario())
+
+
+def test_a_stream_reader_that_stops_stops_the_server(run: Any) -> None:
+    """The server writes 32 MiB as fast as the socket takes it: while the
+    client reads nothing, the server is soon held up (only the buffer and
+    the sockets' own buffers fill); then everything arrives."""
+    piece, total = 64 << 10, 32 << 20
+
+    async def scenario() -> None:
+        written = [0]
+
+        async def flood(server: RawServer, writer: asyncio.StreamWriter, head: bytes, body: bytes) -> bool:
+            writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+            data = chunk(b"x" * piece)
+            while written[0] < total:
+                writer.write(data)
+                await writer.drain()
+                written[0] += piece
+            writer.write(b"0\r\n\r\n")
+            return True
+
+        async with RawServer(flood) as server:
+            http = server.client()
+            stream = await http.stream("GET", "/", buffer_bytes=piece)
+            seen = [-1]
+            for _ in range(100):  # until the server stops making progress
+                await asyncio.sleep(0.1)
+                if written[0] == seen[-1]:
+                    break
+                seen.append(written[0])
+            assert written[0] < total // 2
+            received = 0
+            while (data := await stream.read()) is not None:
+                received += len(data)
+            assert received == total
+            stream.close()
+            await http.close()
+    run(scenario())
+
+
+def test_a_stream_closed_early_drops_its_connection_and_a_cut_one_is_a_reset(run: Any) -> None:
+    async def scenario() -> None:
+        async def cut(server: RawServer, writer: asyncio.StreamWriter, head: bytes, body: bytes) -> bool:
+            writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + chunk(b"part"))
+            return body != b"cut"  # "cut": closes mid-reply; else waits (unfinished) for the client to go
+
+        async with RawServer(cut) as server:
+            http = server.client()
+            stream = await http.stream("POST", "/", None, b"leave")
+            assert await stream.read() == b"part"
+            stream.close()  # the body is not read to its end: the connection cannot be reused
+            await asyncio.wait_for(server.closed.wait(), 5)
+            assert http.open_connections == 0
+            stream = await http.stream("POST", "/", None, b"cut")
+            assert await stream.read() == b"part"
+            with pytest.raises(UpstreamFailure) as info:
+                await stream.read()
+            assert info.value.reason == CONNECTION_RESET and "mid-reply" in info.value.message
+            stream.close()
+            assert http.open_connections == 0
+            await http.close()
+    run(scenario())

@@ -28,6 +28,18 @@ def parse_response_limit(node: Node) -> int | None:
     return node.size("max_response_bytes", None)
 
 
+# How a streaming upstream without final flags (MLServer's ModelStreamInfer, SSE)
+# has its responses relayed: each held until the next arrives, so the last is
+# marked final (Triton's flags, one interval later), or each at once, none final
+# (the stream's end is what a client that asked gets as the empty final response).
+HOLD_LAST, IMMEDIATE = "hold_last", "immediate"
+
+
+def parse_stream_relay(node: Node) -> str:
+    """The optional ``stream_relay`` key of a streaming upstream."""
+    return str(node.choice("stream_relay", (HOLD_LAST, IMMEDIATE), HOLD_LAST))
+
+
 def response_limit(configured: int | None, services: Any) -> int:
     if configured is not None:
         return configured

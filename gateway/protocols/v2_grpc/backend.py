@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -24,9 +25,15 @@ from google.protobuf.message import DecodeError
 from gateway.confignode import Node
 from gateway.errors import CONNECT_FAILURE, ErrorKind, GatewayError, malformed
 from gateway.observe import PASSTHROUGH_REQUEST_ONLY, PASSTHROUGH_TRANSLATED
-from gateway.protocols.base import UpstreamClient
-from gateway.protocols.upstream import parse_response_limit, reading_reply, response_limit
-from gateway.protocols.v2_grpc import codec, extensions, passthrough
+from gateway.protocols.base import StreamedResponse, UpstreamClient
+from gateway.protocols.upstream import (
+    HOLD_LAST,
+    parse_response_limit,
+    parse_stream_relay,
+    reading_reply,
+    response_limit,
+)
+from gateway.protocols.v2_grpc import codec, extensions, passthrough, upstream_stream
 from gateway.protocols.v2_grpc import messages as pb
 from gateway.tls import grpc_channel_credentials, grpc_channel_options
 from gateway.types import (
@@ -56,6 +63,8 @@ STREAMED_MIN_BYTES = 1 << 20
 @dataclass(frozen=True, slots=True)
 class GrpcUpstreamOptions:
     max_response_bytes: int | None = None  # None: 4 x limits.max_request_bytes
+    stream_form: str = upstream_stream.AUTO  # what its ModelStreamInfer streams: auto | triton | mlserver
+    stream_relay: str = HOLD_LAST  # MLServer's form: hold_last | immediate (gateway/protocols/upstream.py)
 
 
 class V2GrpcClient(UpstreamClient):
@@ -63,13 +72,18 @@ class V2GrpcClient(UpstreamClient):
 
     @classmethod
     def parse_options(cls, node: Node) -> GrpcUpstreamOptions:
-        return GrpcUpstreamOptions(parse_response_limit(node))
+        return GrpcUpstreamOptions(parse_response_limit(node),
+                                   node.choice("stream_form", upstream_stream.FORMS, upstream_stream.AUTO),
+                                   parse_stream_relay(node))
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         options: GrpcUpstreamOptions = self.upstream.options or GrpcUpstreamOptions()
         self.max_response = response_limit(options.max_response_bytes, self.services)
         self._calls: dict[str, Any] = {}
+        # The form of the upstream's ModelStreamInfer; None until learned (auto).
+        self.stream_form: str | None = None if options.stream_form == upstream_stream.AUTO else options.stream_form
+        self.hold_last = options.stream_relay == HOLD_LAST
 
     async def start(self) -> None:
         options: list[tuple[str, Any]] = [
@@ -94,6 +108,7 @@ class V2GrpcClient(UpstreamClient):
                                                        request_serializer=pb.method_serializer(name, request_class))
                        for name, (request_class, _) in pb.METHODS.items()}
         self._streamed_infer = self._channel.stream_unary(pb.method_path("ModelInfer"))  # bytes as they are
+        self._stream_infer = self._channel.stream_stream(pb.method_path("ModelStreamInfer"))  # bytes both ways
 
     async def close(self) -> None:
         if self._channel is not None:
@@ -191,6 +206,67 @@ class V2GrpcClient(UpstreamClient):
             handover.drop(RawPayload(passthrough.PROTOCOL, message, passthrough.CONTENT_TYPE))
             request.raw = None  # this copy's reference to the client's bytes
         return message
+
+    async def infer_stream(self, request: InferRequest, ctx: RequestContext) -> AsyncIterator[StreamedResponse]:
+        """The request's responses from the upstream's ModelStreamInfer, one
+        call per request: the request is written, the writing side closed,
+        and each message read back is a response (upstream_stream has the two
+        forms). Closing this iterator early (the client cancelled, the
+        deadline passed) cancels the call, which ends the upstream's stream."""
+        form = self.stream_form or await self._learn_stream_form(ctx)
+        payload = passthrough.client_bytes(request)
+        passed = payload is not None and self.upstream.passthrough
+        if payload is not None:
+            ctx.record.passthrough = PASSTHROUGH_REQUEST_ONLY if passed else PASSTHROUGH_TRANSLATED
+        message = passthrough.upstream_bytes(payload, request) if passed and payload is not None \
+            else await self._message(request, ctx)
+        call = self._stream_infer(timeout=self._time_left(ctx), metadata=codec.metadata(self.request_headers(ctx)))
+        max_elements = self.services.config.limits.max_tensor_elements
+        held: StreamedResponse | None = None  # MLServer's form: a response is known to be the last at the end
+        try:
+            try:
+                try:
+                    await call.write(message)
+                    del message
+                    _written(request, ctx)
+                    await call.done_writing()
+                except asyncio.InvalidStateError:  # the call ended before the message went: its status says why
+                    raise codec.decode_error(await call.code(), await call.details(), self.label) from None
+                async for data in call:  # grpc's flow control: a slow consumer slows the upstream
+                    part = upstream_stream.stream_part(data, form, self.label, max_elements)
+                    if form == upstream_stream.TRITON or not self.hold_last:
+                        yield part
+                        continue
+                    if held is not None:
+                        yield held
+                    held = part
+            except grpc.aio.AioRpcError as exc:
+                raise codec.decode_error(exc.code(), exc.details(), self.label) from None
+        except GatewayError:
+            if held is not None:  # what came before the error is the client's, unflagged
+                pending, held = held, None
+                yield pending
+            raise
+        finally:
+            call.cancel()  # nothing when it has ended; else the upstream sees the cancel
+        if held is not None:
+            held.final = True
+            yield held
+
+    async def _learn_stream_form(self, ctx: RequestContext) -> str:
+        """``stream_form: auto``: the server's name in its metadata says it
+        (asked once per endpoint; a server without ServerMetadata is taken
+        for Triton's form)."""
+        try:
+            name = (await self._call("ServerMetadata", pb.ServerMetadataRequest(), ctx)).name
+        except GatewayError as error:
+            if error.kind != ErrorKind.UNSUPPORTED:
+                raise
+            name = ""
+        self.stream_form = upstream_stream.form_of_server(name)
+        log.info("upstream %s: server %r, ModelStreamInfer in %s's form", self.endpoint_label, name[:100],
+                 self.stream_form)
+        return self.stream_form
 
     async def model_metadata(self, model: str, version: str, ctx: RequestContext) -> ModelMetadata:
         reply = await self._call("ModelMetadata", pb.ModelMetadataRequest(name=model, version=version), ctx)

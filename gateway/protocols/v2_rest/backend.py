@@ -6,6 +6,12 @@ when that cannot be read it tries binary and falls back to JSON once a
 server rejects binary with 400/415/422 (MLServer 1.7.1 answers 422), and
 remembers what worked.
 
+Streams (``streaming: infer_stream``): a request of a stream goes to
+MLServer's ``POST /v2/models/{m}/infer_stream``, whose reply is server-sent
+events, one V2 JSON response each (gateway/http/sse.py reads them as they
+come). ``streaming: unary`` (the default: plain V2 servers lack the
+endpoint) answers a stream's request with one ``/infer`` call.
+
 Pass-through (``passthrough: true``, the default): a request that came from
 a V2 REST client carries its body (:class:`~gateway.types.RawPayload`);
 those bytes go upstream unchanged (a binary body only to an endpoint that
@@ -19,6 +25,7 @@ client asked for neither a selection of outputs nor binary outputs.
 from __future__ import annotations
 
 import logging
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
@@ -27,9 +34,16 @@ import orjson
 
 from gateway.confignode import Node
 from gateway.errors import ErrorKind, GatewayError, unsupported
+from gateway.http.sse import SseError, SseEvent, SseParser
 from gateway.observe import PASSTHROUGH_REQUEST_ONLY, PASSTHROUGH_TRANSLATED, PASSTHROUGH_VERBATIM
-from gateway.protocols.base import UpstreamClient
-from gateway.protocols.upstream import parse_response_limit, reading_reply, response_limit
+from gateway.protocols.base import StreamedResponse, UpstreamClient
+from gateway.protocols.upstream import (
+    HOLD_LAST,
+    parse_response_limit,
+    parse_stream_relay,
+    reading_reply,
+    response_limit,
+)
 from gateway.protocols.v2_rest import codec
 from gateway.tls import http_client_tls
 from gateway.types import (
@@ -48,6 +62,9 @@ BINARY_EXTENSION = "binary_tensor_data"
 _REJECTS_BINARY = (400, 415, 422)  # how servers without the extension answer it
 # How servers without the model-configuration endpoint answer it.
 _NO_CONFIG_ENDPOINT = (404, 405, 501)
+STREAMING_MODES = ("unary", "infer_stream")
+# A streamed reply's unread part waits in a buffer this big; past it the socket is not read.
+STREAM_BUFFER_BYTES = 256 << 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +72,8 @@ class RestUpstreamOptions:
     binary: str = "auto"  # auto | always | never
     max_connections: int = 64  # per endpoint
     max_response_bytes: int | None = None  # None: 4 x limits.max_request_bytes
+    streaming: str = "unary"  # a stream's request: unary (one /infer) | infer_stream (MLServer's SSE endpoint)
+    stream_relay: str = HOLD_LAST  # infer_stream's events: hold_last | immediate (gateway/protocols/upstream.py)
 
 
 class V2RestClient(UpstreamClient):
@@ -66,6 +85,8 @@ class V2RestClient(UpstreamClient):
             binary=node.choice("binary", ("auto", "always", "never"), "auto"),
             max_connections=node.integer("max_connections", 64, minimum=1),
             max_response_bytes=parse_response_limit(node),
+            streaming=node.choice("streaming", STREAMING_MODES, "unary"),
+            stream_relay=parse_stream_relay(node),
         )
 
     def __init__(self, *args: Any) -> None:
@@ -200,6 +221,73 @@ class V2RestClient(UpstreamClient):
             return codec.decode_infer_response(reply.body, reply.headers.get(codec.HEADER_LENGTH),
                                                self.services.config.limits.max_tensor_elements)
 
+    async def infer_stream(self, request: InferRequest, ctx: RequestContext) -> AsyncIterator[StreamedResponse]:
+        """With ``streaming: infer_stream``: each server-sent event of the
+        upstream's ``infer_stream`` reply as a response. Events carry no
+        final flag: with ``stream_relay: hold_last`` each response goes on
+        when the next event (or the reply's end, which makes it final)
+        arrives; with ``immediate`` at once, none final. A consumer that
+        stops reading stops the socket being read (bounded buffer), so the server waits; closing
+        this iterator early closes the connection, which ends the server's
+        stream. An event is bounded by ``max_response_bytes``."""
+        if self.options.streaming != "infer_stream":
+            async for part in super().infer_stream(request, ctx):
+                yield part
+            return
+        if self.http is None:
+            raise GatewayError(ErrorKind.INTERNAL, f"upstream {self.label} is not started")
+        raw = self._forwardable(request)
+        if raw is not None and codec.HEADER_LENGTH not in raw.headers:  # a JSON body goes as it is
+            body: bytes | bytearray = raw.body
+            headers = {"Content-Type": raw.content_type}
+        else:  # events carry JSON: so do requests
+            body, headers = codec.encode_infer_request(request, False)
+        path = self._model_path(request.model_name, request.model_version) + "/infer_stream"
+        headers = {**headers, "Accept": "text/event-stream", **self.request_headers(ctx)}
+        stream = await self.http.stream("POST", path, headers, body, buffer_bytes=STREAM_BUFFER_BYTES)
+        try:
+            if stream.status != 200:
+                raise codec.decode_error(stream.status, await stream.read_all(64 << 10), self.label)
+            parser = SseParser(self.max_response)
+            held: InferResponse | None = None  # the last response is known when the reply ends
+            max_elements = self.services.config.limits.max_tensor_elements
+            try:
+                while (piece := await stream.read()) is not None:
+                    for event in self._events(parser, piece):
+                        with reading_reply(self.label):
+                            response = codec.decode_infer_response(_event_json(event.data), None, max_elements)
+                        if self.options.stream_relay != HOLD_LAST:
+                            yield StreamedResponse(response)
+                            continue
+                        if held is not None:
+                            yield StreamedResponse(held)
+                        held = response
+                if parser.pending:
+                    raise GatewayError(ErrorKind.UPSTREAM_BAD_RESPONSE,
+                                       f"upstream {self.label} ended its event stream inside an event")
+            except GatewayError:
+                if held is not None:  # what came before the error is the client's, unflagged
+                    pending, held = held, None
+                    yield StreamedResponse(pending)
+                raise
+            if held is not None:
+                yield StreamedResponse(held, final=True)
+        finally:
+            stream.close()
+
+    def _events(self, parser: SseParser, piece: bytes) -> list[SseEvent]:
+        """The events ``piece`` completes; an error event raises its words."""
+        try:
+            events = parser.feed(piece)
+        except SseError as exc:
+            raise GatewayError(ErrorKind.UPSTREAM_BAD_RESPONSE,
+                               f"upstream {self.label} sent an unreadable event stream: {exc}") from None
+        for event in events:
+            if event.event == "error":
+                raise GatewayError(ErrorKind.UPSTREAM_BAD_RESPONSE, f"upstream {self.label} sent an error event: "
+                                   f"{event.data[:512].decode('utf-8', 'replace')}")
+        return events
+
     def _note(self, ctx: RequestContext, mode: str) -> None:
         ctx.record.passthrough = mode
         log.debug("infer %s on %s: %s", ctx.request_id, self.endpoint_label, mode)
@@ -248,3 +336,26 @@ class V2RestClient(UpstreamClient):
             raise self._error(reply)
         with reading_reply(self.label):
             return codec.load_json_object(reply.body, "the model configuration")
+
+
+def _event_json(data: bytes) -> bytes:
+    """An event's JSON without what MLServer adds that V2 responses do not
+    have: nulls for absent fields, and its transport headers as the
+    parameter ``headers`` (its unary answers send them as HTTP headers)."""
+    if b"null" not in data and b'"headers"' not in data:
+        return data
+    try:
+        obj = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return data  # the codec says what is wrong with it
+    if not isinstance(obj, dict):
+        return data
+    cleaned = {key: value for key, value in obj.items() if value is not None}
+    parameters = cleaned.get("parameters")
+    if isinstance(parameters, dict) and isinstance(parameters.get("headers"), dict):
+        cleaned["parameters"] = {k: v for k, v in parameters.items() if k != "headers"}
+    outputs = cleaned.get("outputs")
+    if isinstance(outputs, list):
+        cleaned["outputs"] = [{k: v for k, v in item.items() if v is not None} if isinstance(item, dict) else item
+                              for item in outputs]
+    return orjson.dumps(cleaned)

@@ -1,0 +1,404 @@
+"""Streaming upstreams, over real sockets: tritonclient.grpc streams (sync
+and aio) -> gateway -> MLServer 1.7's ModelStreamInfer (its own message
+form), MLServer's REST ``infer_stream`` (server-sent events), and another
+gateway's ModelStreamInfer (Triton's form, serving the builtin decoupled
+``repeat_int32``); errors mid-stream, a cancel that reaches the upstream,
+and a slow reader that slows the upstream."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import queue
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.grpc.aio as aioclient
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gateway.http.sse import SseError, SseEvent, SseParser, parse_events
+from peers.mlserver import MLServerPeer
+from support import GatewayProcess, metric_value, scrape_metrics, wait_for, write_config
+
+MODEL = "count_stream"  # tests/peers/mlserver_models/count_stream.py
+# The front gateway's model names, one per upstream.
+VIA_GRPC, VIA_REST, VIA_UNARY = "grpc_count", "rest_count", "unary_simple"
+# ... and with `stream_relay: immediate`.
+NOW_GRPC, NOW_REST = "grpc_count_now", "rest_count_now"
+
+PEER_CONFIG = """
+admin: {address: "127.0.0.1:0"}
+listeners:
+  - {name: grpc, protocol: v2-grpc, address: "127.0.0.1:0"}
+upstreams:
+  - {name: local, protocol: builtin}
+routes:
+  - match: {model: "*"}
+    upstream: local
+"""
+
+
+@pytest.fixture(scope="module")
+def peer_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    """A second gateway: a Triton-form ModelStreamInfer server (builtin repeat_int32, simple)."""
+    directory = tmp_path_factory.mktemp("stream-peer")
+    with GatewayProcess(write_config(directory, PEER_CONFIG), directory / "gateway.log") as gw:
+        yield gw
+
+
+@pytest.fixture(scope="module")
+def gateway(mlserver: MLServerPeer, peer_gateway: GatewayProcess,
+            tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    directory = tmp_path_factory.mktemp("stream-upstreams")
+    text = f"""
+admin: {{address: "127.0.0.1:0"}}
+limits: {{stream_buffer_responses: 2, max_request_bytes: 64MiB}}
+listeners:
+  - {{name: grpc, protocol: v2-grpc, address: "127.0.0.1:0"}}
+upstreams:
+  - {{name: ml-grpc, protocol: v2-grpc, endpoints: ["{mlserver.grpc_address}"]}}
+  - {{name: ml-rest, protocol: v2-rest, endpoints: ["{mlserver.rest_address}"], streaming: infer_stream}}
+  - {{name: ml-unary, protocol: v2-rest, endpoints: ["{mlserver.rest_address}"]}}
+  - {{name: peer, protocol: v2-grpc, endpoints: ["{peer_gateway.url('grpc')}"]}}
+  - {{name: ml-grpc-now, protocol: v2-grpc, endpoints: ["{mlserver.grpc_address}"], stream_form: mlserver,
+      stream_relay: immediate}}
+  - {{name: ml-rest-now, protocol: v2-rest, endpoints: ["{mlserver.rest_address}"], streaming: infer_stream,
+      stream_relay: immediate}}
+routes:
+  - match: {{model: {NOW_GRPC}}}
+    upstream: ml-grpc-now
+    rewrite: {{model: {MODEL}}}
+  - match: {{model: {NOW_REST}}}
+    upstream: ml-rest-now
+    rewrite: {{model: {MODEL}}}
+  - match: {{model: {VIA_GRPC}}}
+    upstream: ml-grpc
+    rewrite: {{model: {MODEL}}}
+  - match: {{model: {VIA_REST}}}
+    upstream: ml-rest
+    rewrite: {{model: {MODEL}}}
+  - match: {{model: {VIA_UNARY}}}
+    upstream: ml-unary
+    rewrite: {{model: simple}}
+  - match: {{model: "*"}}
+    upstream: peer
+"""
+    with GatewayProcess(write_config(directory, text), directory / "gateway.log") as gw:
+        yield gw
+
+
+# --- the SSE parser (gateway/http/sse.py) ------------------------------------------------
+
+SSE_TEXT = (b": a comment\r\ndata: {\"a\": 1}\r\n\r\nevent: error\ndata:first\ndata: second\n\n"
+            b"id: 7\rretry: 5\rdata:  two spaces\r\r\n\ndata: unfinished")
+SSE_EVENTS = [SseEvent("message", b'{"a": 1}'), SseEvent("error", b"first\nsecond"),
+              SseEvent("message", b" two spaces")]
+
+
+def test_sse_events_with_every_line_ending() -> None:
+    assert parse_events(SSE_TEXT, 1000) == SSE_EVENTS
+    parser = SseParser(1000)
+    parser.feed(SSE_TEXT)
+    assert parser.pending  # "data: unfinished" has no blank line after it
+
+
+@given(st.lists(st.integers(min_value=0, max_value=len(SSE_TEXT)), max_size=12))
+def test_sse_events_are_the_same_however_the_stream_is_cut(cuts: list[int]) -> None:
+    parser = SseParser(1000)
+    bounds = [0, *sorted(cuts), len(SSE_TEXT)]
+    got = [event for a, b in itertools.pairwise(bounds) for event in parser.feed(SSE_TEXT[a:b])]
+    assert got == SSE_EVENTS
+
+
+def test_an_sse_event_is_bounded() -> None:
+    parser = SseParser(100)
+    with pytest.raises(SseError):
+        for _ in range(20):
+            parser.feed(b"data: " + b"x" * 10 + b"\n")  # lines of one event that never ends
+    with pytest.raises(SseError):
+        SseParser(100).feed(b"data: " + b"x" * 200)  # one line that never ends
+
+
+# --- through the gateway --------------------------------------------------------------------
+
+
+def count_inputs(values: list[int], module: Any = grpcclient) -> list[Any]:
+    item = module.InferInput("IN", [len(values)], "INT32")
+    item.set_data_from_numpy(np.array(values, dtype=np.int32))
+    return [item]
+
+
+def repeat_inputs(values: list[int], delay_ms: int = 0) -> list[Any]:
+    inputs = [grpcclient.InferInput("IN", [len(values)], "INT32"),
+              grpcclient.InferInput("DELAY", [len(values)], "UINT32"), grpcclient.InferInput("WAIT", [1], "UINT32")]
+    inputs[0].set_data_from_numpy(np.array(values, dtype=np.int32))
+    inputs[1].set_data_from_numpy(np.full(len(values), delay_ms, dtype=np.uint32))
+    inputs[2].set_data_from_numpy(np.array([0], dtype=np.uint32))
+    return inputs
+
+
+class Stream:
+    """A tritonclient.grpc stream whose results land in a queue; ``hold``
+    (when set) blocks the client's reading thread until released."""
+
+    def __init__(self, url: str, hold: threading.Event | None = None) -> None:
+        self.client = grpcclient.InferenceServerClient(url)
+        self.results: queue.Queue[tuple[Any, Any]] = queue.Queue()
+        self.hold = hold
+
+        def callback(result: Any, error: Any) -> None:
+            self.results.put((result, error))
+            if self.hold is not None:
+                self.hold.wait(60)
+
+        self.client.start_stream(callback=callback)
+
+    def next(self, timeout: float = 20.0) -> tuple[Any, Any]:
+        return self.results.get(timeout=timeout)
+
+    def close(self, cancel: bool = False) -> None:
+        self.client.stop_stream(cancel_requests=cancel)
+        self.client.close()
+
+
+def final_flag(result: Any) -> bool | None:
+    parameters = result.get_response().parameters
+    return parameters["triton_final_response"].bool_param if "triton_final_response" in parameters else None
+
+
+def outs(results: list[Any]) -> list[tuple[int, int]]:
+    return [(int(r.as_numpy("OUT").reshape(-1)[0]), int(r.as_numpy("IDX").reshape(-1)[0])) for r in results]
+
+
+def events(mlserver: MLServerPeer, tag: str) -> list[dict[str, Any]]:
+    return [call for call in mlserver.calls(MODEL) if call.get("tag") == tag]
+
+
+@pytest.mark.parametrize("model", [VIA_GRPC, VIA_REST])
+def test_several_responses_per_request(gateway: GatewayProcess, model: str) -> None:
+    """One response per element, as the model yields them, the last one
+    final (MLServer's streams carry no flag: their end says it)."""
+    stream = Stream(gateway.url("grpc"))
+    try:
+        stream.client.async_stream_infer(model, count_inputs([7, 8, 9]), request_id="r1",
+                                         enable_empty_final_response=True)
+        stream.client.async_stream_infer(model, count_inputs([4]), request_id="r2")
+        results = [stream.next() for _ in range(4)]
+        assert all(error is None for _, error in results), [e for _, e in results]
+        by_id: dict[str, list[Any]] = {}
+        for result, _ in results:
+            by_id.setdefault(result.get_response().id, []).append(result)
+        assert outs(by_id["r1"]) == [(7, 0), (8, 1), (9, 2)]
+        assert outs(by_id["r2"]) == [(4, 0)]
+        assert [final_flag(r) for r in by_id["r1"]] == [False, False, True]
+        assert final_flag(by_id["r2"][0]) is True
+        assert by_id["r1"][0].get_response().model_name == model
+        # The last response was final: no empty final one follows, though asked.
+        with pytest.raises(queue.Empty):
+            stream.next(timeout=0.5)
+    finally:
+        stream.close()
+
+
+@pytest.mark.parametrize("model", [NOW_GRPC, NOW_REST])
+def test_immediate_relay(gateway: GatewayProcess, mlserver: MLServerPeer, model: str) -> None:
+    """``stream_relay: immediate``: a response goes on before the model has
+    made the next (it waits 1 s first); none is final, and the stream's end
+    comes as the empty final response the client asked for."""
+    tag = f"now-{model}"
+    stream = Stream(gateway.url("grpc"))
+    try:
+        stream.client.async_stream_infer(model, count_inputs([1, 2]), request_id=tag,
+                                         parameters={"delay_ms": 1000, "tag": tag},
+                                         enable_empty_final_response=True)
+        first, error = stream.next()
+        assert error is None and outs([first]) == [(1, 0)]
+        # The model logs a response as sent once it resumes after yielding it: index 1 is a second away.
+        assert 1 not in [e["index"] for e in events(mlserver, tag) if e["event"] == "sent"]
+        results = [stream.next() for _ in range(2)]
+        assert all(error is None for _, error in results)
+        assert outs([results[0][0]]) == [(2, 1)]
+        assert [final_flag(first), final_flag(results[0][0])] == [False, False]
+        assert final_flag(results[1][0]) is True and not results[1][0].get_response().outputs
+    finally:
+        stream.close()
+
+
+@pytest.mark.parametrize("model", [VIA_GRPC, VIA_REST])
+def test_aio_stream(gateway: GatewayProcess, model: str) -> None:
+    async def run() -> list[tuple[str, int, bool | None]]:
+        async with aioclient.InferenceServerClient(gateway.url("grpc")) as client:
+            async def requests() -> Any:
+                yield {"model_name": model, "inputs": count_inputs([1, 2], module=aioclient), "request_id": "a"}
+                yield {"model_name": model, "inputs": count_inputs([3], module=aioclient), "request_id": "b"}
+
+            got = []
+            async for result, error in client.stream_infer(requests()):
+                assert error is None
+                got.append((result.get_response().id, int(result.as_numpy("OUT").reshape(-1)[0]),
+                            final_flag(result)))
+                if len(got) == 3:
+                    break
+            return got
+
+    got = asyncio.run(asyncio.wait_for(run(), 30))
+    assert sorted(got) == [("a", 1, False), ("a", 2, True), ("b", 3, True)]
+
+
+@pytest.mark.parametrize("model", [VIA_GRPC, VIA_REST])
+def test_error_mid_stream_ends_the_request_not_the_stream(gateway: GatewayProcess, model: str) -> None:
+    stream = Stream(gateway.url("grpc"))
+    try:
+        stream.client.async_stream_infer(model, count_inputs([5, -1, 6]), request_id="bad")
+        first, error = stream.next()
+        assert error is None and outs([first]) == [(5, 0)]
+        result, error = stream.next()
+        assert error is not None
+        if model == VIA_GRPC:  # MLServer's status and words come through
+            assert "element 1 is negative" in str(error)
+        else:  # an SSE reply cut short: MLServer closes the connection
+            assert "rest" in str(error) and "127.0.0.1" not in str(error)
+        stream.client.async_stream_infer(model, count_inputs([3]), request_id="after")
+        result, error = stream.next()
+        assert error is None and result.get_response().id == "after"
+    finally:
+        stream.close()
+
+
+def test_unary_rest_upstream_answers_once_final(gateway: GatewayProcess) -> None:
+    """``streaming: unary`` (the default): one /infer call, one final response."""
+    stream = Stream(gateway.url("grpc"))
+    try:
+        a = np.arange(16, dtype=np.int32).reshape(1, 16)
+        inputs = []
+        for name in ("INPUT0", "INPUT1"):
+            item = grpcclient.InferInput(name, [1, 16], "INT32")
+            item.set_data_from_numpy(a)
+            inputs.append(item)
+        stream.client.async_stream_infer(VIA_UNARY, inputs, request_id="u", enable_empty_final_response=True)
+        result, error = stream.next()
+        assert error is None and final_flag(result) is True
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), 2 * a)
+        with pytest.raises(queue.Empty):
+            stream.next(timeout=0.5)
+    finally:
+        stream.close()
+
+
+def test_triton_form_peer(gateway: GatewayProcess, peer_gateway: GatewayProcess) -> None:
+    """Another gateway's ModelStreamInfer speaks Triton's form: the
+    decoupled model's responses come through unflagged, then the empty
+    final one the client asked of this gateway; a unary model's one
+    response keeps the peer's final flag; the peer's error comes back as
+    the request's error."""
+    stream = Stream(gateway.url("grpc"))
+    try:
+        stream.client.async_stream_infer("repeat_int32", repeat_inputs([7, 8, 9], delay_ms=20), request_id="rep",
+                                         enable_empty_final_response=True)
+        results = [stream.next() for _ in range(4)]
+        assert all(error is None for _, error in results)
+        data, last = [r for r, _ in results[:3]], results[3][0]
+        assert outs(data) == [(7, 0), (8, 1), (9, 2)]
+        assert [final_flag(r) for r in data] == [False, False, False]
+        assert final_flag(last) is True and not last.get_response().outputs
+        assert last.get_response().id == "rep"
+
+        a = np.ones((1, 16), dtype=np.int32)
+        inputs = []
+        for name in ("INPUT0", "INPUT1"):
+            item = grpcclient.InferInput(name, [1, 16], "INT32")
+            item.set_data_from_numpy(a)
+            inputs.append(item)
+        stream.client.async_stream_infer("simple", inputs, request_id="s", enable_empty_final_response=True)
+        result, error = stream.next()
+        assert error is None and final_flag(result) is True and result.get_response().id == "s"
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), 2 * a)
+
+        stream.client.async_stream_infer("repeat_int32", repeat_inputs([1])[:1], request_id="wrong")
+        result, error = stream.next()
+        assert error is not None and "DELAY" in str(error), error
+        with pytest.raises(queue.Empty):
+            stream.next(timeout=0.5)
+    finally:
+        stream.close()
+    log = gateway.log()
+    assert "ModelStreamInfer in triton's form" in log and "ModelStreamInfer in mlserver's form" in log
+
+
+@pytest.mark.parametrize("model", [VIA_GRPC, VIA_REST])
+def test_cancel_mid_stream_reaches_the_upstream(gateway: GatewayProcess, mlserver: MLServerPeer,
+                                                model: str) -> None:
+    tag = f"cancel-{model}"
+    stream = Stream(gateway.url("grpc"))
+    try:
+        stream.client.async_stream_infer(model, count_inputs(list(range(100))), request_id=tag,
+                                         parameters={"delay_ms": 50, "tag": tag})
+        for _ in range(2):
+            _, error = stream.next()
+            assert error is None
+    finally:
+        stream.close(cancel=True)
+    ended = wait_for(lambda: [e for e in events(mlserver, tag) if e["event"] == "ended"], 15,
+                     "the upstream's stream to end")
+    assert ended[0]["how"] == "cancelled"
+    sent = [e for e in events(mlserver, tag) if e["event"] == "sent"]
+    assert 2 <= len(sent) < 100
+
+
+def test_cancel_reaches_a_triton_form_peer(gateway: GatewayProcess, peer_gateway: GatewayProcess) -> None:
+    def cancelled() -> float:
+        return metric_value(scrape_metrics(peer_gateway), "gateway_requests_total", operation="stream_infer",
+                            outcome="cancelled")
+
+    before = cancelled()
+    stream = Stream(gateway.url("grpc"))
+    try:
+        stream.client.async_stream_infer("repeat_int32", repeat_inputs(list(range(20)), delay_ms=300),
+                                         request_id="long")
+        _, error = stream.next()
+        assert error is None
+    finally:
+        stream.close(cancel=True)
+    wait_for(lambda: cancelled() == before + 1, 10, "the peer's request to be cancelled")
+
+
+@pytest.mark.parametrize("model", [VIA_GRPC, VIA_REST])
+def test_slow_reader_slows_the_upstream(gateway: GatewayProcess, mlserver: MLServerPeer, model: str) -> None:
+    """Responses of 1 MiB: while the client's reader is stuck, the model
+    soon stops producing (buffers are bounded all the way); released, the
+    rest arrives."""
+    tag = f"slow-{model}"
+    count = 60
+    hold = threading.Event()
+    stream = Stream(gateway.url("grpc"), hold=hold)
+    try:
+        stream.client.async_stream_infer(model, count_inputs(list(range(count))), request_id=tag,
+                                         parameters={"delay_ms": 0, "tag": tag, "pad_elements": 1 << 18})
+        produced = [-1]
+
+        def settled() -> bool:
+            time.sleep(1.0)
+            produced.append(len([e for e in events(mlserver, tag) if e["event"] == "sent"]))
+            return produced[-1] == produced[-2]
+
+        wait_for(settled, 30, "the upstream to stop producing for a reader that reads nothing")
+        assert 0 < produced[-1] < count / 2, produced
+        hold.set()
+        stream.hold = None
+        got = [stream.next(30) for _ in range(count)]
+        assert all(error is None for _, error in got)
+        assert [i for _, i in outs([r for r, _ in got])] == list(range(count))
+    finally:
+        hold.set()
+        stream.close()
+
+
+def test_gateway_logs_are_clean(gateway: GatewayProcess, peer_gateway: GatewayProcess) -> None:
+    assert "Traceback" not in gateway.log()
+    assert "Traceback" not in peer_gateway.log()
