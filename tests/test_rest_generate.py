@@ -111,7 +111,8 @@ def next_reply(data: bytes) -> tuple[int, dict[str, str], bytes, bytes]:
         rest = rest[size + 2:]
 
 
-def raw_post(gateway: GatewayProcess, path: str, body: Any, listener: str = "rest") -> tuple[int, dict[str, str], bytes]:
+def raw_post(gateway: GatewayProcess, path: str, body: Any,
+             listener: str = "rest") -> tuple[int, dict[str, str], bytes]:
     with socket.create_connection(("127.0.0.1", port(gateway, listener)), timeout=10) as sock:
         sock.sendall(raw_request(path, json.dumps(body).encode()))
         return split_reply(read_all(sock))

@@ -27,8 +27,8 @@ from gateway.budget import Reservation, admit_json
 from gateway.cache import TtlCache
 from gateway.errors import ErrorKind, GatewayError, invalid, malformed
 from gateway.http.aiohttp_app import note_error
-from gateway.http.exchange import HttpReply, HttpRequest, compress
 from gateway.http.body import accepted_coding
+from gateway.http.exchange import HttpReply, HttpRequest, compress
 from gateway.http.sse import SSE_CONTENT_TYPE, encode_event
 from gateway.limits import BYTES_ELEMENT_COST, TensorBudget
 from gateway.observe import OUTCOME_CANCELLED, REQUEST_ID_HEADER
