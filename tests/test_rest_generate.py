@@ -29,6 +29,7 @@ admin: {{address: "127.0.0.1:0"}}
 listeners:
   - {{name: rest, protocol: v2-rest, address: "127.0.0.1:0"}}
   - {{name: classic, protocol: v2-rest, address: "127.0.0.1:0", fast_path: false}}
+  - {{name: locked, protocol: v2-rest, address: "127.0.0.1:0", auth: {{token: {{env: GW_TEST_GENERATE_TOKEN}}}}}}
 upstreams:
   - {{name: local, protocol: builtin}}
   - {{name: mls, protocol: v2-rest, endpoints: ["{mlserver}"]}}
@@ -50,7 +51,8 @@ routes:
     upstream: local
 """
 ROUTE_TIMEOUT = 1.0  # slow_repeat's
-LONG_NAME = "repeat_" + "r" * 200  # repeat_int32 with ~270-byte events
+LONG_NAME = "repeat_" + "r" * 200
+TOKEN = "s3cr3t-generate"  # repeat_int32 with ~270-byte events
 ROW = list(range(16))
 ONES = [1] * 16
 SSE_TYPE = "text/event-stream; charset=utf-8"
@@ -60,7 +62,8 @@ SSE_TYPE = "text/event-stream; charset=utf-8"
 def gateway(mlserver: MLServerPeer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     directory = tmp_path_factory.mktemp("generate")
     config = CONFIG.format(mlserver=mlserver.rest_address, timeout=ROUTE_TIMEOUT, long_name=LONG_NAME)
-    with GatewayProcess(write_config(directory, config), directory / "gateway.log") as gw:
+    with GatewayProcess(write_config(directory, config), directory / "gateway.log",
+                        extra_env={"GW_TEST_GENERATE_TOKEN": TOKEN}) as gw:
         yield gw
 
 
@@ -314,6 +317,19 @@ def test_requests_are_counted_under_their_operation(gateway: GatewayProcess) -> 
         assert requests.post(url(gateway, "identity", route), json={"INPUT0": "x"}, timeout=10).status_code == 200
     wait_for(lambda: (total("generate"), total("generate_stream")) == (before[0] + 1, before[1] + 1), 5,
              "both requests to be counted")
+
+
+def test_a_listener_with_auth_guards_both_routes(gateway: GatewayProcess) -> None:
+    body = {"IN": [3], "DELAY": [0], "WAIT": 0}
+    for route in ("generate", "generate_stream"):
+        refused = requests.post(url(gateway, "repeat_int32", route, "locked"), json=body, timeout=10)
+        assert refused.status_code == 401 and refused.headers["Content-Type"] == "application/json"
+        assert TOKEN not in refused.text
+        allowed = requests.post(url(gateway, "repeat_int32", route, "locked"), json=body, timeout=10,
+                                headers={"Authorization": f"Bearer {TOKEN}"})
+        assert allowed.status_code == 200, allowed.text
+        answer = allowed.json() if route == "generate" else events(allowed.content)[0]
+        assert (answer["OUT"], answer["IDX"]) == (3, 0)
 
 
 # --- through an MLServer upstream ----------------------------------------------------
