@@ -192,6 +192,45 @@ REST_CASES = [
          "input 'input_0' of model 'forward' must be FP64, got FP32", path="/v2/models/forward/infer"),
 ]
 
+# Triton's generate extension (v2_rest/generate.py): the same body on both routes.
+GENERATE, GENERATE_STREAM = "/v2/models/simple/generate", "/v2/models/simple/generate_stream"
+ROW16 = list(range(16))
+for route, label in ((GENERATE, "generate"), (GENERATE_STREAM, "generate_stream")):
+    REST_CASES += [
+        rest(f"{label} empty body", b"", 400, "the generate request is not valid JSON", path=route),
+        rest(f"{label} a list", [1, 2], 400, "the generate request must be a JSON object", path=route),
+        rest(f"{label} unknown model", {"INPUT0": 1}, 404, "unknown model: 'nope' is not found",
+             path=route.replace("simple", "nope")),
+        rest(f"{label} unknown version", {"INPUT0": 1}, 404, "unknown model: 'simple' version '9' is not found",
+             path=route.replace("simple", "simple/versions/9")),
+        rest(f"{label} names no input", {"PROMPT": "x"}, 400, "names none of the inputs of model 'simple'",
+             path=route),
+        rest(f"{label} INT32 from a string", {"INPUT0": "x", "INPUT1": ROW16}, 400,
+             "input 'INPUT0': INT32 data must be integers", path=route),
+        rest(f"{label} INT32 from booleans", {"INPUT0": [True] * 16, "INPUT1": ROW16}, 400,
+             "input 'INPUT0': INT32 data must be integers", path=route),
+        rest(f"{label} ragged input", {"INPUT0": [[1, 2], [3]], "INPUT1": ROW16}, 400,
+             "input 'INPUT0': a ragged list", path=route),
+        rest(f"{label} input holds an object", {"INPUT0": {"a": 1}, "INPUT1": ROW16}, 400,
+             "input 'INPUT0': INT32 data must be integers", path=route),
+        rest(f"{label} parameter an object", {"INPUT0": ROW16, "INPUT1": ROW16, "PARAMS": {"a": 1}}, 400,
+             "parameter 'PARAMS' has invalid type", path=route),
+        rest(f"{label} parameter null", {"INPUT0": ROW16, "INPUT1": ROW16, "p": None}, 400,
+             "parameter 'p' has invalid type: null", path=route),
+        rest(f"{label} parameters a list", {"INPUT0": ROW16, "INPUT1": ROW16, "parameters": [1]}, 400,
+             "'parameters' must be an object", path=route),
+        rest(f"{label} nested too deep", b'{"INPUT0": ' + nest(100) + b"}", 400, "over limits.max_json_depth (64)",
+             path=route),
+        rest(f"{label} deflate bomb", zlib.compress(b" " * (2 << 20)), 413, "inflates to more than the limit",
+             headers={"Content-Encoding": "deflate"}, path=route),
+        rest(f"{label} GET", b"", 405, f"method GET is not allowed on {route}", path=route, method="GET"),
+        rest(f"{label} decoupled model, IN and DELAY differ", {"IN": [1, 2], "DELAY": [0], "WAIT": 0}, 400,
+             "expected IN and DELAY shape to match", path=route.replace("simple", "repeat_int32")),
+    ]
+REST_CASES.append(rest("generate from a decoupled model answering twice", {"IN": [1, 2], "DELAY": [0, 0], "WAIT": 0},
+                       400, "generate expects model to produce exactly 1 response",
+                       path="/v2/models/repeat_int32/generate"))
+
 
 # --- gRPC ------------------------------------------------------------------------------
 

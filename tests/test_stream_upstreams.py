@@ -22,7 +22,7 @@ import tritonclient.grpc.aio as aioclient
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.http.sse import SseError, SseEvent, SseParser, parse_events
+from gateway.http.sse import SseError, SseEvent, SseParser, encode_event, parse_events
 from peers.mlserver import MLServerPeer
 from support import GatewayProcess, metric_value, scrape_metrics, wait_for, write_config
 
@@ -94,6 +94,14 @@ routes:
 
 
 # --- the SSE parser (gateway/http/sse.py) ------------------------------------------------
+
+
+@pytest.mark.parametrize("data", [b'{"a": 1}', b"", b"two\nlines", b"crlf\r\nand cr\rend", b": not a comment"])
+def test_what_the_gateway_writes_it_reads_back(data: bytes) -> None:
+    """encode_event (the generate_stream listener) and the parser (streaming
+    upstreams) agree; line breaks of any kind come back as LF."""
+    events = parse_events(encode_event(data) + encode_event(b"next"), 1024)
+    assert [e.data for e in events] == [data.replace(b"\r\n", b"\n").replace(b"\r", b"\n"), b"next"]
 
 SSE_TEXT = (b": a comment\r\ndata: {\"a\": 1}\r\n\r\nevent: error\ndata:first\ndata: second\n\n"
             b"id: 7\rretry: 5\rdata:  two spaces\r\r\n\ndata: unfinished")

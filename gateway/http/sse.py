@@ -1,5 +1,7 @@
 """Server-sent events (the ``text/event-stream`` format of the HTML
-standard): reading them from an upstream's streamed reply.
+standard): writing them to a client that asked for a stream over HTTP
+(:func:`encode_event`), and reading them from an upstream's streamed reply
+(:class:`SseParser`).
 
 Lines end with CRLF, LF or CR; ``data:`` lines of one event are joined
 with LF; a blank line ends the event; lines starting with ``:`` are
@@ -13,7 +15,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+SSE_CONTENT_TYPE = "text/event-stream; charset=utf-8"
 _LF, _CR = 10, 13
+
+
+def encode_event(data: bytes) -> bytes:
+    """One event carrying ``data`` (UTF-8 text): a ``data:`` line per line
+    of it, ended by a blank line. JSON from orjson has no line breaks, so an
+    event is ``data: {...}\\n\\n``."""
+    if b"\n" not in data and b"\r" not in data:
+        return b"data: " + data + b"\n\n"
+    lines = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(b"\n")
+    return b"".join(b"data: " + line + b"\n" for line in lines) + b"\n"
 
 
 class SseError(ValueError):

@@ -18,11 +18,12 @@ from gateway.extensions.service import Extensions
 from gateway.http.aiohttp_app import error_middleware, request_context
 from gateway.http.body import accepted_coding
 from gateway.http.exchange import Handler, HttpReply, HttpRequest, compress
-from gateway.http.frontend import HttpFrontend
+from gateway.http.frontend import AiohttpRequest, HttpFrontend
 from gateway.limits import BYTES_ELEMENT_COST, TensorBudget
 from gateway.observe import PASSTHROUGH_RENAMED, REQUEST_ID_HEADER
 from gateway.protocols.upstream import reading_reply
 from gateway.protocols.v2_rest import codec, errors, extensions
+from gateway.protocols.v2_rest.generate import GenerateHandlers
 from gateway.routing import Route
 from gateway.types import Handover, InferRequest, InferResponse, RequestContext
 
@@ -71,13 +72,24 @@ class V2RestFrontend(HttpFrontend):
         """The context of a request served by the aiohttp app (extensions)."""
         return request_context(request, self.listener.name, PROTOCOL)
 
+    @property
+    def generating(self) -> GenerateHandlers:
+        """Triton's generate extension (v2_rest/generate.py)."""
+        handlers = getattr(self, "_generating", None)
+        if handlers is None:
+            handlers = self._generating = GenerateHandlers(self)
+        return handlers
+
+    def http_request(self, request: web.Request) -> HttpRequest:
+        return AiohttpRequest(self, request)
+
     def handlers(self) -> list[tuple[str, str, Handler]]:
         handlers: list[tuple[str, str, Handler]] = [
             ("GET", "/v2", self.server_metadata), ("GET", "/v2/", self.server_metadata),
             ("GET", "/v2/health/live", self.live), ("GET", "/v2/health/ready", self.ready)]
         for prefix in _MODEL_PATHS:
             handlers += [("GET", prefix, self.model_metadata), ("GET", prefix + "/ready", self.model_ready),
-                         ("POST", prefix + "/infer", self.infer)]
+                         ("POST", prefix + "/infer", self.infer), ("POST", prefix + "/generate", self.generate)]
         return handlers
 
     def build_app(self) -> web.Application:
@@ -85,6 +97,8 @@ class V2RestFrontend(HttpFrontend):
         self.extensions = Extensions(self.dataplane, self.services)
         extensions.add_routes(app.router, self)
         self.add_routes(app)
+        for prefix in _MODEL_PATHS:  # a stream of events: served by aiohttp (the fast path hands it over)
+            app.router.add_post(prefix + "/generate_stream", self.generating.generate_stream)
         return app
 
     @staticmethod
@@ -116,6 +130,9 @@ class V2RestFrontend(HttpFrontend):
         if await self.dataplane.model_ready(model, version, request.ctx):
             return HttpReply(200)
         return error_reply(GatewayError(ErrorKind.MALFORMED_REQUEST, f"model '{model}' is not ready"))
+
+    async def generate(self, request: HttpRequest) -> HttpReply:
+        return await self.generating.generate(request)
 
     async def infer(self, request: HttpRequest) -> HttpReply:
         model, version = self._names(request)

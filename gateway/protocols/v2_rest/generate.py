@@ -1,0 +1,361 @@
+"""Triton's generate extension on the V2 REST listener (docs/protocols.md,
+"generate / generate_stream"): ``POST .../generate`` and ``.../generate_stream``.
+
+The request is one flat JSON object: a field named like one of the model's
+inputs (its V2 metadata, cached) becomes that input, with the datatype the
+model declares; every other field, and the members of a ``parameters``
+object, become request parameters. The answer is one flat object:
+``model_name``, ``model_version`` and each output as a field (a scalar
+when it holds one element, else a flat list). ``generate`` answers one such
+object; ``generate_stream`` sends one Server-Sent Event per upstream
+response as it comes, and an error after the first event as an event
+``{"error": ...}`` (before it, the usual V2 error answer).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+import orjson
+from aiohttp import web
+
+from gateway.budget import Reservation, admit_json
+from gateway.cache import TtlCache
+from gateway.errors import ErrorKind, GatewayError, invalid, malformed
+from gateway.http.aiohttp_app import note_error
+from gateway.http.body import accepted_coding
+from gateway.http.exchange import HttpReply, HttpRequest, compress
+from gateway.http.sse import SSE_CONTENT_TYPE, encode_event
+from gateway.limits import BYTES_ELEMENT_COST, TensorBudget
+from gateway.observe import OUTCOME_CANCELLED, REQUEST_ID_HEADER
+from gateway.protocols.base import DataPlaneApi, StreamedResponse
+from gateway.protocols.v2_rest import codec
+from gateway.routing import Route
+from gateway.tensors import array_to_json
+from gateway.types import (
+    DATATYPES,
+    DECOUPLED_PARAMETER,
+    InferRequest,
+    InferResponse,
+    ModelMetadata,
+    RequestContext,
+    TensorSpec,
+)
+
+if TYPE_CHECKING:
+    from gateway.config import Limits
+
+log = logging.getLogger(__name__)
+
+PARAMETERS_FIELD = "parameters"
+# Seconds a model's input names and datatypes (its V2 metadata) are reused.
+METADATA_TTL = 10.0
+_JSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY
+_NO_BINARY = memoryview(b"")
+
+
+def exactly_one_response(model: str, got: str) -> GatewayError:
+    """Triton's refusal of a generate call whose model did not answer once."""
+    return invalid(f"generate expects model to produce exactly 1 response, model '{model}' produced {got}; "
+                   "call generate_stream for a model that answers several")
+
+
+# --- the request -------------------------------------------------------------
+
+
+def _parameter(name: str, value: Any) -> Any:
+    if isinstance(value, str | bool | int | float):
+        return value
+    kind = "null" if value is None else ("an object" if isinstance(value, dict) else "a list")
+    raise invalid(f"parameter '{name[:100]}' has invalid type: {kind} (a string, number or boolean is expected; "
+                  "the model has no input of this name)")
+
+
+def json_shape(value: Any, where: str) -> list[int]:
+    """The shape of a scalar ([1]) or of a rectangular nested list."""
+    if not isinstance(value, list):
+        return [1]
+    shape: list[int] = []
+    probe: Any = value
+    while isinstance(probe, list):
+        shape.append(len(probe))
+        if not probe:
+            break
+        probe = probe[0]
+    level: list[Any] = [value]
+    for size in shape:
+        below: list[Any] = []
+        for item in level:
+            if not isinstance(item, list) or len(item) != size:
+                raise invalid(f"{where}: a ragged list (each level must hold lists of one length)")
+            below.extend(item)
+        level = below
+    if any(isinstance(item, list) for item in level):
+        raise invalid(f"{where}: a ragged list (each level must hold lists of one length)")
+    return shape
+
+
+def fit_shape(own: list[int], declared: tuple[int, ...]) -> list[int]:
+    """The model's declared shape when the data fills it (its one variable
+    dimension resolved: 16 values for a [1, 16] input), else the data's own
+    (the upstream judges it)."""
+    if len(declared) == len(own) and all(d in (-1, o) for d, o in zip(declared, own, strict=True)):
+        return own
+    count = math.prod(own)
+    known = math.prod(d for d in declared if d >= 0)
+    free = sum(1 for d in declared if d < 0)
+    if free == 0 and known == count and declared:
+        return list(declared)
+    if free == 1 and known > 0 and count % known == 0:
+        return [count // known if d < 0 else d for d in declared]
+    return own
+
+
+def _leaf(value: Any) -> Any:
+    while isinstance(value, list) and value:
+        value = value[0]
+    return value
+
+
+def _datatype(spec: TensorSpec, value: Any) -> str:
+    """The declared datatype; one read from the JSON when the model's
+    metadata gives none the gateway knows, or says it takes any (the
+    builtin ``identity``)."""
+    if spec.datatype in DATATYPES and not spec.parameters.get("any_datatype"):
+        return spec.datatype
+    leaf = _leaf(value)
+    if isinstance(leaf, str):
+        return "BYTES"
+    if isinstance(leaf, bool):
+        return "BOOL"
+    return "INT64" if isinstance(leaf, int) else "FP64"
+
+
+def decode_generate_request(body: bytes | bytearray, model: str, version: str, specs: tuple[TensorSpec, ...],
+                            limits: Limits, charge: Callable[[int], None] | None = None) -> InferRequest:
+    """A generate request as an infer request of the model's inputs."""
+    obj = codec.load_json_object(body, "the generate request")
+    by_name = {spec.name: spec for spec in specs}
+    if not by_name:
+        raise invalid(f"model '{model}' declares no inputs in its metadata: generate maps request fields to "
+                      "inputs by name")
+    items: list[dict[str, Any]] = []
+    parameters: dict[str, Any] = {}
+    for name, value in obj.items():
+        spec = by_name.get(name)
+        if spec is not None:
+            label = f"input '{name}'"
+            shape = fit_shape(json_shape(value, label), spec.shape)
+            items.append({"name": name, "datatype": _datatype(spec, value), "shape": shape,
+                          "data": value if isinstance(value, list) else [value]})
+        elif name == PARAMETERS_FIELD:
+            if not isinstance(value, dict):
+                raise malformed(f"the generate request: '{PARAMETERS_FIELD}' must be an object")
+            parameters.update((key, _parameter(key, item)) for key, item in value.items())
+        else:
+            parameters[name] = _parameter(name, value)
+    if not items:
+        names = ", ".join(f"'{spec.name}'" for spec in specs[:20])
+        raise invalid(f"the generate request names none of the inputs of model '{model}' ({names})")
+    inputs = codec.decode_tensors(items, _NO_BINARY, "input", limits.max_tensor_elements,
+                                  TensorBudget.of(limits, charge))
+    return InferRequest(model, version, "", inputs, [], parameters)
+
+
+# --- the answer ----------------------------------------------------------------
+
+
+def _output_json(response: InferResponse) -> dict[str, Any]:
+    answer: dict[str, Any] = {"model_name": response.model_name, "model_version": response.model_version}
+    for tensor in response.outputs:
+        try:
+            data = array_to_json(tensor)
+        except GatewayError:
+            raise invalid(f"output '{tensor.name}' holds non-UTF-8 bytes that JSON cannot carry") from None
+        if tensor.data.size == 1:
+            item = data[0]
+            answer[tensor.name] = item.item() if hasattr(item, "item") else item
+        else:
+            answer[tensor.name] = data
+    return answer
+
+
+def encode_generate_response(response: InferResponse) -> bytes:
+    return orjson.dumps(_output_json(response), option=_JSON_OPTIONS)
+
+
+def encode_generate_event(response: InferResponse) -> bytes:
+    return encode_event(encode_generate_response(response))
+
+
+def answer_size(response: InferResponse) -> int:
+    """An upper estimate of what encoding ``response`` builds (the memory
+    budget; where it is encoded)."""
+    return 256 + sum(t.data.size * BYTES_ELEMENT_COST if t.datatype == "BYTES" else 3 * t.data.nbytes
+                     for t in response.outputs)
+
+
+def _carries_outputs(part: StreamedResponse) -> bool:
+    """Whether a streamed response is an answer, not just the end mark a
+    decoupled model may send last (Triton's empty final response)."""
+    return bool(part.response.outputs) or not part.final
+
+
+# --- handlers ------------------------------------------------------------------
+
+
+class GenerateHost(Protocol):
+    """What the handlers need of the V2 REST frontend (which imports them)."""
+
+    dataplane: DataPlaneApi
+    services: Any
+    listener: Any
+
+    def http_request(self, request: web.Request) -> HttpRequest: ...
+
+
+class GenerateHandlers:
+    def __init__(self, frontend: GenerateHost) -> None:
+        self.frontend = frontend
+        self.dataplane = frontend.dataplane
+        self.services = frontend.services
+        self._metadata: TtlCache[ModelMetadata] = TtlCache(METADATA_TTL)
+        self._streams = 0  # generate_stream answers being sent on this listener
+
+    async def model_metadata(self, model: str, version: str, route: Route, ctx: RequestContext) -> ModelMetadata:
+        """The model's V2 metadata (cached per route, model and version);
+        empty when its upstream cannot say."""
+
+        async def load() -> ModelMetadata:
+            try:
+                return await self.dataplane.model_metadata(model, version, ctx)
+            except GatewayError as exc:
+                if exc.kind is ErrorKind.UNSUPPORTED:
+                    return ModelMetadata(model)
+                raise
+
+        return await self._metadata.get((route.index, model, version), load)
+
+    async def _decode(self, request: HttpRequest) -> tuple[InferRequest, bool]:
+        """The request as an infer request, and whether its model is decoupled."""
+        model, version = request.params["model"], request.params.get("version", "")
+        ctx = request.ctx
+        # Routed before the body is read: an unknown model is 404 whatever the body holds.
+        route = self.dataplane.resolve(model, version, ctx)
+        body = await request.read()
+        reservation = request.reservation()
+        limits = self.services.config.limits
+        offload = self.services.offload
+        await admit_json(body, reservation, offload, limits, "the generate request")
+        metadata = await self.model_metadata(model, version, route, ctx)
+        started = time.perf_counter()
+        infer_request = await offload.run(len(body), decode_generate_request, body, model, version, metadata.inputs,
+                                          limits, reservation.grow)
+        ctx.record.decode_seconds = time.perf_counter() - started
+        return infer_request, bool(metadata.parameters.get(DECOUPLED_PARAMETER, False))
+
+    async def _encoded(self, response: InferResponse, reservation: Reservation, ctx: RequestContext,
+                       encode: Callable[[InferResponse], bytes]) -> bytes:
+        size = answer_size(response)
+        reservation.grow(size)  # what encoding builds, charged before it is built
+        started = time.perf_counter()
+        body: bytes = await self.services.offload.run(size, encode, response)
+        ctx.record.encode_seconds += time.perf_counter() - started
+        return body
+
+    async def generate(self, request: HttpRequest) -> HttpReply:
+        ctx = request.ctx
+        infer_request, decoupled = await self._decode(request)
+        if decoupled:
+            response = await self._single_response(infer_request, ctx)
+        else:
+            response = await self.dataplane.infer(infer_request, ctx)
+        infer_request.inputs = []  # let the request go before the answer is built
+        body = await self._encoded(response, request.reservation(), ctx, encode_generate_response)
+        reply = HttpReply(200, [body], codec.JSON_TYPE, {REQUEST_ID_HEADER: ctx.request_id})
+        return await compress(reply, accepted_coding(request.headers.get("accept-encoding", "")),
+                              self.services.offload)
+
+    async def _single_response(self, request: InferRequest, ctx: RequestContext) -> InferResponse:
+        """A decoupled model's one response (Triton's generate takes exactly
+        one; a second ends the upstream call)."""
+        answers: list[InferResponse] = []
+
+        async def deliver(part: StreamedResponse) -> None:
+            if not _carries_outputs(part):
+                return
+            if answers:
+                raise exactly_one_response(request.model_name, "more")
+            answers.append(part.response)
+
+        await self.dataplane.infer_stream(request, ctx, deliver)
+        if not answers:
+            raise exactly_one_response(request.model_name, "none")
+        return answers[0]
+
+    async def generate_stream(self, raw: web.Request) -> web.StreamResponse:
+        request = self.frontend.http_request(raw)
+        ctx = request.ctx
+        limit = self.services.config.limits.max_open_streams
+        if self._streams >= limit:  # refused at once, never queued
+            raise GatewayError(ErrorKind.OVERLOADED, f"the listener has {limit} open streams, its limit "
+                               "(limits.max_open_streams); retry later")
+        open_streams = self.services.metrics.streams_open(self.frontend.listener.name, codec.PROTOCOL)
+        self._streams += 1
+        open_streams.inc()
+        try:
+            return await self._stream(raw, request, ctx)
+        finally:
+            self._streams -= 1
+            open_streams.dec()
+
+    async def _stream(self, raw: web.Request, request: HttpRequest, ctx: RequestContext) -> web.StreamResponse:
+        infer_request, _ = await self._decode(request)
+        answer = web.StreamResponse(status=200, headers={
+            "Content-Type": SSE_CONTENT_TYPE, "Cache-Control": "no-cache", REQUEST_ID_HEADER: ctx.request_id})
+        # Sent with the first event: an error before it is an ordinary V2 error answer.
+        responses = 0
+        first_seconds: float | None = None
+        started = time.monotonic()
+        budget = self.services.budget
+
+        async def deliver(part: StreamedResponse) -> None:
+            nonlocal responses, first_seconds
+            if not _carries_outputs(part):
+                return
+            held = budget.reserve()  # until the event is written
+            try:
+                event = await self._encoded(part.response, held, ctx, encode_generate_event)
+                if not answer.prepared:
+                    await answer.prepare(raw)
+                responses += 1
+                if first_seconds is None:
+                    first_seconds = time.monotonic() - started
+                # Waits while the transport is full: a slow reader slows the upstream.
+                await answer.write(event)
+            finally:
+                held.release()
+
+        try:
+            await self.dataplane.infer_stream(infer_request, ctx, deliver)
+        except Exception as exc:
+            if not answer.prepared:
+                raise  # the V2 error answer, with its status
+            if raw.transport is None or raw.transport.is_closing():
+                ctx.record.status, ctx.record.outcome = "499", OUTCOME_CANCELLED  # the client went away
+                return answer
+            error = exc if isinstance(exc, GatewayError) else GatewayError(ErrorKind.INTERNAL, "internal error")
+            if error is not exc:
+                log.error("unhandled error in generate_stream", exc_info=exc)
+            note_error(raw, error)
+            await answer.write(encode_event(orjson.dumps({"error": error.message})))
+        finally:
+            self.services.metrics.observe_stream_request(ctx.listener, ctx.protocol, responses, first_seconds)
+        if not answer.prepared:  # no response at all: an empty stream
+            await answer.prepare(raw)
+        await answer.write_eof()
+        return answer
