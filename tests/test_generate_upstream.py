@@ -11,8 +11,10 @@ from __future__ import annotations
 import json
 import queue
 import socket
+import threading
 from collections.abc import Iterator
-from typing import Any
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, ClassVar
 
 import numpy as np
 import pytest
@@ -46,8 +48,58 @@ def back(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
         yield gw
 
 
+FAKE_METADATA = {"name": "fake", "versions": ["1"], "platform": "test",
+                 "inputs": [{"name": "IN", "datatype": "INT32", "shape": [-1]}],
+                 "outputs": [{"name": "OUT", "datatype": "FP32", "shape": [-1, 2]},
+                             {"name": "NAME", "datatype": "BYTES", "shape": [1]}]}
+# Its events: one answer, then an error whose words name an address.
+FAKE_EVENTS = (b'data: {"model_name": "fake", "model_version": "1", "OUT": [1.5, 2, 3, 4], "NAME": "x", "more": 1}'
+               b'\n\ndata: {"error": "model crashed talking to 10.1.2.3:9000"}\n\n')
+
+
+class FakePeer(BaseHTTPRequestHandler):
+    """A scripted generate_stream server: its metadata, and a stream that
+    answers once and then fails; it keeps the bodies it was sent."""
+
+    bodies: ClassVar[list[Any]] = []
+
+    def log_message(self, *_: Any) -> None:
+        pass
+
+    def _send(self, status: int, content_type: str, body: bytes) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(body)
+        self.close_connection = True
+
+    def do_GET(self) -> None:
+        if self.path == "/v2/models/fake":
+            self._send(200, "application/json", json.dumps(FAKE_METADATA).encode())
+        else:
+            self._send(404, "application/json", b'{"error": "unknown"}')
+
+    def do_POST(self) -> None:
+        FakePeer.bodies.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+        self._send(200, "text/event-stream", FAKE_EVENTS)
+
+
 @pytest.fixture(scope="module")
-def front(back: GatewayProcess, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+def fake_peer() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), FakePeer)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def front(back: GatewayProcess, fake_peer: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     directory = tmp_path_factory.mktemp("generate-front")
     text = f"""
 admin: {{address: "127.0.0.1:0"}}
@@ -56,7 +108,10 @@ listeners:
   - {{name: rest, protocol: v2-rest, address: "127.0.0.1:0"}}
 upstreams:
   - {{name: back, protocol: v2-rest, endpoints: ["{back.url('rest')}"], streaming: generate_stream}}
+  - {{name: fake, protocol: v2-rest, endpoints: ["{fake_peer}"], streaming: generate_stream}}
 routes:
+  - match: {{model: fake}}
+    upstream: fake
   - match: {{model: "*"}}
     upstream: back
 """
@@ -160,6 +215,25 @@ def test_an_unknown_model(front: GatewayProcess) -> None:
         stream.client.async_stream_infer("no_such_model", repeat_inputs([1]))
         _, error = stream.next()
         assert error is not None and "no_such_model" in str(error) and "127.0.0.1" not in str(error), error
+
+
+def test_the_wire_both_ways_and_an_error_without_its_address(front: GatewayProcess) -> None:
+    """Against a scripted peer: the request is the flat object (parameters
+    apart), the answer's outputs take the declared datatypes and shapes
+    (fields that are no output are dropped), the error keeps its words but
+    not the address in them."""
+    FakePeer.bodies.clear()
+    with Stream(front.url("grpc")) as stream:
+        stream.client.async_stream_infer("fake", [tensor("IN", [5], "INT32")], parameters={"IN": "a parameter"},
+                                         sequence_id=9, sequence_start=True)
+        result, error = stream.next()
+        assert error is None, error
+        assert described(result) == {"OUT": ("FP32", [2, 2], [1.5, 2.0, 3.0, 4.0]), "NAME": ("BYTES", [1], [b"x"])}
+        _, error = stream.next()
+        assert error is not None and "model crashed talking to" in str(error), error
+        assert "10.1.2.3" not in str(error)
+    assert FakePeer.bodies == [{"IN": 5, "parameters": {"IN": "a parameter", "sequence_id": 9,
+                                                         "sequence_start": True, "sequence_end": False}}]
 
 
 # --- a raw SSE client -> front's generate_stream -> back's generate_stream ----------------------

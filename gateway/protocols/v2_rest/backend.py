@@ -11,6 +11,9 @@ MLServer's ``POST /v2/models/{m}/infer_stream``, whose reply is server-sent
 events, one V2 JSON response each (gateway/http/sse.py reads them as they
 come). ``streaming: unary`` (the default: plain V2 servers lack the
 endpoint) answers a stream's request with one ``/infer`` call.
+``streaming: generate_stream`` sends it to Triton's ``generate_stream`` as
+the flat generate object and reads each event back by the model's metadata
+(v2_rest/flat.py, shared with the listener's generate extension).
 
 Pass-through (``passthrough: true``, the default): a request that came from
 a V2 REST client carries its body (:class:`~gateway.types.RawPayload`);
@@ -44,6 +47,7 @@ from gateway.protocols.upstream import (
     parse_stream_relay,
     reading_reply,
     response_limit,
+    without_addresses,
 )
 from gateway.protocols.v2_rest import codec
 from gateway.protocols.v2_rest.flat import METADATA_TTL, encode_flat_request, flat_answer_items
@@ -309,8 +313,9 @@ class V2RestClient(UpstreamClient):
         (the model failed after the reply's status was sent)."""
         obj = codec.load_json_object(data, "a generate_stream event")
         if "error" in obj and not any(spec.name == "error" for spec in outputs):
-            raise GatewayError(ErrorKind.UPSTREAM_BAD_RESPONSE,
-                               f"upstream {self.label} sent an error event: {str(obj['error'])[:512]}")
+            # Mid-stream errors are not the proxy's to clean: addresses are cut here.
+            words = without_addresses(str(obj["error"])[:512], self.endpoint)
+            raise GatewayError(ErrorKind.UPSTREAM_BAD_RESPONSE, f"upstream {self.label} sent an error event: {words}")
         items = flat_answer_items(obj, outputs)
         if not items:
             raise malformed("a generate_stream event names none of the model's outputs")
@@ -330,8 +335,9 @@ class V2RestClient(UpstreamClient):
                                f"upstream {self.label} sent an unreadable event stream: {exc}") from None
         for event in events:
             if event.event == "error":
+                words = without_addresses(event.data[:512].decode("utf-8", "replace"), self.endpoint)
                 raise GatewayError(ErrorKind.UPSTREAM_BAD_RESPONSE, f"upstream {self.label} sent an error event: "
-                                   f"{event.data[:512].decode('utf-8', 'replace')}")
+                                   f"{words}")
         return events
 
     def _note(self, ctx: RequestContext, mode: str) -> None:
