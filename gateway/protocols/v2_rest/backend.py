@@ -11,6 +11,9 @@ MLServer's ``POST /v2/models/{m}/infer_stream``, whose reply is server-sent
 events, one V2 JSON response each (gateway/http/sse.py reads them as they
 come). ``streaming: unary`` (the default: plain V2 servers lack the
 endpoint) answers a stream's request with one ``/infer`` call.
+``streaming: generate_stream`` sends it to Triton's ``generate_stream`` as
+the flat generate object and reads each event back by the model's metadata
+(v2_rest/flat.py, shared with the listener's generate extension).
 
 Pass-through (``passthrough: true``, the default): a request that came from
 a V2 REST client carries its body (:class:`~gateway.types.RawPayload`);
@@ -25,15 +28,16 @@ client asked for neither a selection of outputs nor binary outputs.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
 import orjson
 
+from gateway.cache import TtlCache
 from gateway.confignode import Node
-from gateway.errors import ErrorKind, GatewayError, unsupported
+from gateway.errors import ErrorKind, GatewayError, malformed, unsupported
 from gateway.http.sse import SseError, SseEvent, SseParser
 from gateway.observe import PASSTHROUGH_REQUEST_ONLY, PASSTHROUGH_TRANSLATED, PASSTHROUGH_VERBATIM
 from gateway.protocols.base import StreamedResponse, UpstreamClient
@@ -43,8 +47,10 @@ from gateway.protocols.upstream import (
     parse_stream_relay,
     reading_reply,
     response_limit,
+    without_addresses,
 )
 from gateway.protocols.v2_rest import codec
+from gateway.protocols.v2_rest.flat import METADATA_TTL, encode_flat_request, flat_answer_items
 from gateway.tls import http_client_tls
 from gateway.types import (
     MODEL_CONFIG_OPERATION,
@@ -54,6 +60,7 @@ from gateway.types import (
     ModelMetadata,
     RawPayload,
     RequestContext,
+    TensorSpec,
 )
 from gateway.upstream_http import HttpReply, UpstreamHttp
 
@@ -62,9 +69,10 @@ BINARY_EXTENSION = "binary_tensor_data"
 _REJECTS_BINARY = (400, 415, 422)  # how servers without the extension answer it
 # How servers without the model-configuration endpoint answer it.
 _NO_CONFIG_ENDPOINT = (404, 405, 501)
-STREAMING_MODES = ("unary", "infer_stream")
+STREAMING_MODES = ("unary", "infer_stream", "generate_stream")
 # A streamed reply's unread part waits in a buffer this big; past it the socket is not read.
 STREAM_BUFFER_BYTES = 256 << 10
+_NO_BINARY = memoryview(b"")
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +80,8 @@ class RestUpstreamOptions:
     binary: str = "auto"  # auto | always | never
     max_connections: int = 64  # per endpoint
     max_response_bytes: int | None = None  # None: 4 x limits.max_request_bytes
-    streaming: str = "unary"  # a stream's request: unary (one /infer) | infer_stream (MLServer's SSE endpoint)
+    # A stream's request: unary (one /infer) | infer_stream (MLServer's SSE endpoint) | generate_stream (Triton's).
+    streaming: str = "unary"
     stream_relay: str = HOLD_LAST  # infer_stream's events: hold_last | immediate (gateway/protocols/upstream.py)
 
 
@@ -96,6 +105,8 @@ class V2RestClient(UpstreamClient):
         # Whether this endpoint takes binary tensors; None until learned.
         self.binary: bool | None = {"always": True, "never": False}.get(self.options.binary)
         self._asked_metadata = False
+        # generate_stream reads answers by the model's outputs (docs/protocols.md).
+        self._metadata: TtlCache[ModelMetadata] = TtlCache(METADATA_TTL)
 
     async def start(self) -> None:
         assert self.endpoint is not None
@@ -222,40 +233,62 @@ class V2RestClient(UpstreamClient):
                                                self.services.config.limits.max_tensor_elements)
 
     async def infer_stream(self, request: InferRequest, ctx: RequestContext) -> AsyncIterator[StreamedResponse]:
-        """With ``streaming: infer_stream``: each server-sent event of the
-        upstream's ``infer_stream`` reply as a response. Events carry no
+        """With ``streaming: infer_stream`` or ``generate_stream``: each
+        server-sent event of the upstream's reply as a response. Events carry no
         final flag: with ``stream_relay: hold_last`` each response goes on
         when the next event (or the reply's end, which makes it final)
         arrives; with ``immediate`` at once, none final. A consumer that
         stops reading stops the socket being read (bounded buffer), so the server waits; closing
         this iterator early closes the connection, which ends the server's
         stream. An event is bounded by ``max_response_bytes``."""
-        if self.options.streaming != "infer_stream":
+        mode = self.options.streaming
+        if mode == "unary":
             async for part in super().infer_stream(request, ctx):
                 yield part
             return
+        if mode == "generate_stream":
+            # Triton's flat object both ways; its outputs are read by the model's metadata.
+            metadata = await self._metadata.get((request.model_name, request.model_version), lambda: (
+                self.model_metadata(request.model_name, request.model_version, ctx)))
+            outputs = metadata.outputs
+            body: bytes | bytearray = encode_flat_request(request.inputs, request.parameters)
+            headers = {"Content-Type": codec.JSON_TYPE}
+
+            def decode(data: bytes) -> InferResponse:
+                return self._flat_answer(data, outputs)
+        else:
+            raw = self._forwardable(request)
+            if raw is not None and codec.HEADER_LENGTH not in raw.headers:  # a JSON body goes as it is
+                body, headers = raw.body, {"Content-Type": raw.content_type}
+            else:  # events carry JSON: so do requests
+                body, headers = codec.encode_infer_request(request, False)
+            max_elements = self.services.config.limits.max_tensor_elements
+
+            def decode(data: bytes) -> InferResponse:
+                return codec.decode_infer_response(_event_json(data), None, max_elements)
+
+        async for part in self._relay(self._model_path(request.model_name, request.model_version) + "/" + mode,
+                                      {**headers, "Accept": "text/event-stream", **self.request_headers(ctx)},
+                                      body, decode):
+            yield part
+
+    async def _relay(self, path: str, headers: dict[str, str], body: bytes | bytearray,
+                     decode: Callable[[bytes], InferResponse]) -> AsyncIterator[StreamedResponse]:
+        """The events of one streamed exchange, decoded, flagged as
+        ``stream_relay`` says."""
         if self.http is None:
             raise GatewayError(ErrorKind.INTERNAL, f"upstream {self.label} is not started")
-        raw = self._forwardable(request)
-        if raw is not None and codec.HEADER_LENGTH not in raw.headers:  # a JSON body goes as it is
-            body: bytes | bytearray = raw.body
-            headers = {"Content-Type": raw.content_type}
-        else:  # events carry JSON: so do requests
-            body, headers = codec.encode_infer_request(request, False)
-        path = self._model_path(request.model_name, request.model_version) + "/infer_stream"
-        headers = {**headers, "Accept": "text/event-stream", **self.request_headers(ctx)}
         stream = await self.http.stream("POST", path, headers, body, buffer_bytes=STREAM_BUFFER_BYTES)
         try:
             if stream.status != 200:
                 raise codec.decode_error(stream.status, await stream.read_all(64 << 10), self.label)
             parser = SseParser(self.max_response)
             held: InferResponse | None = None  # the last response is known when the reply ends
-            max_elements = self.services.config.limits.max_tensor_elements
             try:
                 while (piece := await stream.read()) is not None:
                     for event in self._events(parser, piece):
                         with reading_reply(self.label):
-                            response = codec.decode_infer_response(_event_json(event.data), None, max_elements)
+                            response = decode(event.data)
                         if self.options.stream_relay != HOLD_LAST:
                             yield StreamedResponse(response)
                             continue
@@ -275,6 +308,24 @@ class V2RestClient(UpstreamClient):
         finally:
             stream.close()
 
+    def _flat_answer(self, data: bytes, outputs: tuple[TensorSpec, ...]) -> InferResponse:
+        """One generate_stream event: a flat answer, or ``{"error": ...}``
+        (the model failed after the reply's status was sent)."""
+        obj = codec.load_json_object(data, "a generate_stream event")
+        if "error" in obj and not any(spec.name == "error" for spec in outputs):
+            # Mid-stream errors are not the proxy's to clean: addresses are cut here.
+            words = without_addresses(str(obj["error"])[:512], self.endpoint)
+            raise GatewayError(ErrorKind.UPSTREAM_BAD_RESPONSE, f"upstream {self.label} sent an error event: {words}")
+        items = flat_answer_items(obj, outputs)
+        if not items:
+            raise malformed("a generate_stream event names none of the model's outputs")
+        name, version = obj.get("model_name", ""), obj.get("model_version", "")
+        return InferResponse(
+            model_name=name if isinstance(name, str) else "",
+            model_version=version if isinstance(version, str) else "",
+            outputs=codec.decode_tensors(items, _NO_BINARY, "output", self.services.config.limits.max_tensor_elements),
+        )
+
     def _events(self, parser: SseParser, piece: bytes) -> list[SseEvent]:
         """The events ``piece`` completes; an error event raises its words."""
         try:
@@ -284,8 +335,9 @@ class V2RestClient(UpstreamClient):
                                f"upstream {self.label} sent an unreadable event stream: {exc}") from None
         for event in events:
             if event.event == "error":
+                words = without_addresses(event.data[:512].decode("utf-8", "replace"), self.endpoint)
                 raise GatewayError(ErrorKind.UPSTREAM_BAD_RESPONSE, f"upstream {self.label} sent an error event: "
-                                   f"{event.data[:512].decode('utf-8', 'replace')}")
+                                   f"{words}")
         return events
 
     def _note(self, ctx: RequestContext, mode: str) -> None:

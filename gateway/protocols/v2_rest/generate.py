@@ -15,7 +15,6 @@ response as it comes, and an error after the first event as an event
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
@@ -34,10 +33,9 @@ from gateway.limits import BYTES_ELEMENT_COST, TensorBudget
 from gateway.observe import OUTCOME_CANCELLED, REQUEST_ID_HEADER
 from gateway.protocols.base import DataPlaneApi, StreamedResponse
 from gateway.protocols.v2_rest import codec
+from gateway.protocols.v2_rest.flat import METADATA_TTL, PARAMETERS_FIELD, tensor_fields, tensor_item
 from gateway.routing import Route
-from gateway.tensors import array_to_json
 from gateway.types import (
-    DATATYPES,
     DECOUPLED_PARAMETER,
     InferRequest,
     InferResponse,
@@ -51,9 +49,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-PARAMETERS_FIELD = "parameters"
-# Seconds a model's input names and datatypes (its V2 metadata) are reused.
-METADATA_TTL = 10.0
 _JSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY
 _NO_BINARY = memoryview(b"")
 
@@ -75,66 +70,6 @@ def _parameter(name: str, value: Any) -> Any:
                   "the model has no input of this name)")
 
 
-def json_shape(value: Any, where: str) -> list[int]:
-    """The shape of a scalar ([1]) or of a rectangular nested list."""
-    if not isinstance(value, list):
-        return [1]
-    shape: list[int] = []
-    probe: Any = value
-    while isinstance(probe, list):
-        shape.append(len(probe))
-        if not probe:
-            break
-        probe = probe[0]
-    level: list[Any] = [value]
-    for size in shape:
-        below: list[Any] = []
-        for item in level:
-            if not isinstance(item, list) or len(item) != size:
-                raise invalid(f"{where}: a ragged list (each level must hold lists of one length)")
-            below.extend(item)
-        level = below
-    if any(isinstance(item, list) for item in level):
-        raise invalid(f"{where}: a ragged list (each level must hold lists of one length)")
-    return shape
-
-
-def fit_shape(own: list[int], declared: tuple[int, ...]) -> list[int]:
-    """The model's declared shape when the data fills it (its one variable
-    dimension resolved: 16 values for a [1, 16] input), else the data's own
-    (the upstream judges it)."""
-    if len(declared) == len(own) and all(d in (-1, o) for d, o in zip(declared, own, strict=True)):
-        return own
-    count = math.prod(own)
-    known = math.prod(d for d in declared if d >= 0)
-    free = sum(1 for d in declared if d < 0)
-    if free == 0 and known == count and declared:
-        return list(declared)
-    if free == 1 and known > 0 and count % known == 0:
-        return [count // known if d < 0 else d for d in declared]
-    return own
-
-
-def _leaf(value: Any) -> Any:
-    while isinstance(value, list) and value:
-        value = value[0]
-    return value
-
-
-def _datatype(spec: TensorSpec, value: Any) -> str:
-    """The declared datatype; one read from the JSON when the model's
-    metadata gives none the gateway knows, or says it takes any (the
-    builtin ``identity``)."""
-    if spec.datatype in DATATYPES and not spec.parameters.get("any_datatype"):
-        return spec.datatype
-    leaf = _leaf(value)
-    if isinstance(leaf, str):
-        return "BYTES"
-    if isinstance(leaf, bool):
-        return "BOOL"
-    return "INT64" if isinstance(leaf, int) else "FP64"
-
-
 def decode_generate_request(body: bytes | bytearray, model: str, version: str, specs: tuple[TensorSpec, ...],
                             limits: Limits, charge: Callable[[int], None] | None = None) -> InferRequest:
     """A generate request as an infer request of the model's inputs."""
@@ -148,10 +83,7 @@ def decode_generate_request(body: bytes | bytearray, model: str, version: str, s
     for name, value in obj.items():
         spec = by_name.get(name)
         if spec is not None:
-            label = f"input '{name}'"
-            shape = fit_shape(json_shape(value, label), spec.shape)
-            items.append({"name": name, "datatype": _datatype(spec, value), "shape": shape,
-                          "data": value if isinstance(value, list) else [value]})
+            items.append(tensor_item(spec, value, f"input '{name}'"))
         elif name == PARAMETERS_FIELD:
             if not isinstance(value, dict):
                 raise malformed(f"the generate request: '{PARAMETERS_FIELD}' must be an object")
@@ -171,16 +103,7 @@ def decode_generate_request(body: bytes | bytearray, model: str, version: str, s
 
 def _output_json(response: InferResponse) -> dict[str, Any]:
     answer: dict[str, Any] = {"model_name": response.model_name, "model_version": response.model_version}
-    for tensor in response.outputs:
-        try:
-            data = array_to_json(tensor)
-        except GatewayError:
-            raise invalid(f"output '{tensor.name}' holds non-UTF-8 bytes that JSON cannot carry") from None
-        if tensor.data.size == 1:
-            item = data[0]
-            answer[tensor.name] = item.item() if hasattr(item, "item") else item
-        else:
-            answer[tensor.name] = data
+    answer.update(tensor_fields(response.outputs, "output"))
     return answer
 
 
