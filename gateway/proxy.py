@@ -463,8 +463,8 @@ class DataPlane:
             generation.exit()
         if broken:
             error = broken[0]
-            if isinstance(error, GatewayError):
-                raise error
+            if isinstance(error, GatewayError):  # an upstream's words may name an address: cut, as before a response
+                raise _without_address(error, ctx.attempts[-1].endpoint if ctx.attempts else None)
             log.warning("request %s: upstream %s failed mid-stream: %r", ctx.request_id, ctx.record.upstream, error)
             raise GatewayError(ErrorKind.UPSTREAM_UNAVAILABLE, f"upstream '{ctx.record.upstream}' failed "
                                f"mid-stream ({type(error).__name__})")
@@ -635,7 +635,7 @@ def _words(exc: BaseException) -> str:
     return " ".join(str(text).split())[:400]
 
 
-def _without_address(error: GatewayError, endpoint: str) -> GatewayError:
+def _without_address(error: GatewayError, endpoint: str | None) -> GatewayError:
     """The error with the endpoint's address (or any address) cut from its
     message: an upstream's own words may name one. The same error object,
     so its class and fields (a failure reason, a protocol status) stay."""

@@ -563,3 +563,28 @@ async def test_time_in_the_breakers_line_is_recorded_as_queue_time(fleet: FakeFl
     waits = sorted((first.record.queue_seconds, second.record.queue_seconds))
     assert waits[0] < 0.05 and waits[1] >= 0.15  # the second waited for the first's slot
     await dp.close()
+
+
+async def test_an_error_after_a_streamed_response_names_no_address(fleet: FakeFleet,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once a stream delivered a response the request is not retried, and
+    its error still goes to the client without the upstream's addresses."""
+    from gateway.protocols.base import StreamedResponse
+
+    dp = await plane(fleet)
+
+    async def streamed(self: Any, req: InferRequest, c: RequestContext) -> Any:
+        yield StreamedResponse(await self.infer(req, c))
+        raise GatewayError(ErrorKind.UPSTREAM_UNAVAILABLE, f"lost {self.endpoint} and 10.1.2.3:8000 mid-stream")
+
+    monkeypatch.setattr(type(fleet["two/127.0.0.1:1"]), "infer_stream", streamed)
+    delivered: list[Any] = []
+
+    async def deliver(part: Any) -> None:
+        delivered.append(part)
+
+    with pytest.raises(GatewayError) as caught:
+        await dp.infer_stream(request("plain"), ctx(), deliver)
+    assert len(delivered) == 1
+    assert "127.0.0.1" not in caught.value.message and "10.1.2.3" not in caught.value.message, caught.value.message
+    await dp.close()
