@@ -285,6 +285,11 @@ class RequestContext:
     # Set by the data plane from the route: send the client's Authorization
     # header upstream (UpstreamClient.request_headers); never by default.
     forward_authorization: bool = False
+    # Set by a streaming listener whose client learns that a request has no
+    # more responses without a final flag on the last one (an empty final
+    # response, the end of an SSE reply): upstream responses then go on at
+    # once instead of waiting to learn whether they are the last.
+    end_marked: bool = False
     # (generation, model, version, route) of the last resolution: a request
     # is routed once, however many steps ask (set by the data plane).
     resolved: tuple[Any, str, str, Any] | None = None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import queue
 import threading
 import time
@@ -61,6 +62,7 @@ admin: {{address: "127.0.0.1:0"}}
 limits: {{stream_buffer_responses: 2, max_request_bytes: 64MiB}}
 listeners:
   - {{name: grpc, protocol: v2-grpc, address: "127.0.0.1:0"}}
+  - {{name: rest, protocol: v2-rest, address: "127.0.0.1:0"}}
 upstreams:
   - {{name: ml-grpc, protocol: v2-grpc, endpoints: ["{mlserver.grpc_address}"]}}
   - {{name: ml-rest, protocol: v2-rest, endpoints: ["{mlserver.rest_address}"], streaming: infer_stream}}
@@ -191,34 +193,37 @@ def events(mlserver: MLServerPeer, tag: str) -> list[dict[str, Any]]:
 @pytest.mark.parametrize("model", [VIA_GRPC, VIA_REST])
 def test_several_responses_per_request(gateway: GatewayProcess, model: str) -> None:
     """One response per element, as the model yields them, the last one
-    final (MLServer's streams carry no flag: their end says it)."""
+    final (MLServer's streams carry no flag: their end says it, so each
+    response waits for the next). A request that asked for the empty final
+    response needs no flag: its responses go on at once, then the empty one."""
     stream = Stream(gateway.url("grpc"))
     try:
-        stream.client.async_stream_infer(model, count_inputs([7, 8, 9]), request_id="r1",
+        stream.client.async_stream_infer(model, count_inputs([7, 8, 9]), request_id="r1")
+        stream.client.async_stream_infer(model, count_inputs([4]), request_id="r2",
                                          enable_empty_final_response=True)
-        stream.client.async_stream_infer(model, count_inputs([4]), request_id="r2")
-        results = [stream.next() for _ in range(4)]
+        results = [stream.next() for _ in range(5)]
         assert all(error is None for _, error in results), [e for _, e in results]
         by_id: dict[str, list[Any]] = {}
         for result, _ in results:
             by_id.setdefault(result.get_response().id, []).append(result)
         assert outs(by_id["r1"]) == [(7, 0), (8, 1), (9, 2)]
-        assert outs(by_id["r2"]) == [(4, 0)]
         assert [final_flag(r) for r in by_id["r1"]] == [False, False, True]
-        assert final_flag(by_id["r2"][0]) is True
         assert by_id["r1"][0].get_response().model_name == model
-        # The last response was final: no empty final one follows, though asked.
+        assert outs(by_id["r2"][:1]) == [(4, 0)]
+        assert [final_flag(r) for r in by_id["r2"]] == [False, True]
+        assert not by_id["r2"][1].get_response().outputs  # the empty final response
         with pytest.raises(queue.Empty):
             stream.next(timeout=0.5)
     finally:
         stream.close()
 
 
-@pytest.mark.parametrize("model", [NOW_GRPC, NOW_REST])
+@pytest.mark.parametrize("model", [NOW_GRPC, NOW_REST, VIA_GRPC, VIA_REST])
 def test_immediate_relay(gateway: GatewayProcess, mlserver: MLServerPeer, model: str) -> None:
-    """``stream_relay: immediate``: a response goes on before the model has
-    made the next (it waits 1 s first); none is final, and the stream's end
-    comes as the empty final response the client asked for."""
+    """``stream_relay: immediate``, or any request that asked for the empty
+    final response: a response goes on before the model has made the next
+    (it waits 1 s first); none is final, and the stream's end comes as the
+    empty final response the client asked for."""
     tag = f"now-{model}"
     stream = Stream(gateway.url("grpc"))
     try:
@@ -236,6 +241,26 @@ def test_immediate_relay(gateway: GatewayProcess, mlserver: MLServerPeer, model:
         assert final_flag(results[1][0]) is True and not results[1][0].get_response().outputs
     finally:
         stream.close()
+
+
+@pytest.mark.parametrize("model", [VIA_GRPC, VIA_REST])
+def test_generate_stream_events_are_not_held(gateway: GatewayProcess, mlserver: MLServerPeer, model: str) -> None:
+    """A REST generate_stream client learns the end from the reply's end:
+    each event goes on as the upstream makes it, whatever stream_relay says
+    (the model waits 1 s before its second response)."""
+    import requests
+
+    tag = f"sse-{model}"
+    body = {"IN": [5, 6], "delay_ms": 1000, "tag": tag}
+    with requests.post(f"http://{gateway.url('rest')}/v2/models/{model}/generate_stream", json=body, stream=True,
+                       timeout=20) as reply:
+        assert reply.status_code == 200, reply.text
+        lines = reply.iter_lines()
+        first = next(line for line in lines if line)
+        assert json.loads(first.removeprefix(b"data: "))["OUT"] == 5
+        assert 1 not in [e["index"] for e in events(mlserver, tag) if e["event"] == "sent"]
+        rest = [json.loads(line.removeprefix(b"data: ")) for line in lines if line]
+    assert [event["OUT"] for event in rest] == [6]
 
 
 @pytest.mark.parametrize("model", [VIA_GRPC, VIA_REST])

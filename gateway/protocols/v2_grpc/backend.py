@@ -234,7 +234,7 @@ class V2GrpcClient(UpstreamClient):
                     raise codec.decode_error(await call.code(), await call.details(), self.label) from None
                 async for data in call:  # grpc's flow control: a slow consumer slows the upstream
                     part = upstream_stream.stream_part(data, form, self.label, max_elements)
-                    if form == upstream_stream.TRITON or not self.hold_last:
+                    if form == upstream_stream.TRITON or not self.hold_last or ctx.end_marked:
                         yield part
                         continue
                     if held is not None:

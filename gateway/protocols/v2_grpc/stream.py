@@ -205,6 +205,7 @@ class StreamSession:
         enable_empty_final = bool(request.parameters.pop(EMPTY_FINAL_PARAMETER, False))
         if enable_empty_final:
             request.raw = None  # the client's bytes hold a parameter upstreams must not see
+            ctx.end_marked = True  # the empty final response tells the end: nothing is held back
         final = False
         started = time.monotonic()
 

@@ -269,13 +269,14 @@ class V2RestClient(UpstreamClient):
 
         async for part in self._relay(self._model_path(request.model_name, request.model_version) + "/" + mode,
                                       {**headers, "Accept": "text/event-stream", **self.request_headers(ctx)},
-                                      body, decode):
+                                      body, decode, ctx):
             yield part
 
     async def _relay(self, path: str, headers: dict[str, str], body: bytes | bytearray,
-                     decode: Callable[[bytes], InferResponse]) -> AsyncIterator[StreamedResponse]:
+                     decode: Callable[[bytes], InferResponse], ctx: RequestContext) -> AsyncIterator[StreamedResponse]:
         """The events of one streamed exchange, decoded, flagged as
-        ``stream_relay`` says."""
+        ``stream_relay`` says (at once when the client needs no final flag:
+        ``ctx.end_marked``)."""
         if self.http is None:
             raise GatewayError(ErrorKind.INTERNAL, f"upstream {self.label} is not started")
         stream = await self.http.stream("POST", path, headers, body, buffer_bytes=STREAM_BUFFER_BYTES)
@@ -289,7 +290,7 @@ class V2RestClient(UpstreamClient):
                     for event in self._events(parser, piece):
                         with reading_reply(self.label):
                             response = decode(event.data)
-                        if self.options.stream_relay != HOLD_LAST:
+                        if self.options.stream_relay != HOLD_LAST or ctx.end_marked:
                             yield StreamedResponse(response)
                             continue
                         if held is not None:

@@ -263,6 +263,7 @@ class GenerateHandlers:
             finally:
                 held.release()
 
+        ctx.end_marked = True  # events carry no final flag: the reply's end tells it
         try:
             await self.dataplane.infer_stream(infer_request, ctx, deliver)
         except Exception as exc:
