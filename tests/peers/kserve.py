@@ -12,63 +12,26 @@ here) and runs ``kserve_models/serve.py`` as a separate process on a free
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
-import shutil
-import signal
 import subprocess
-import sys
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from support import REPO, free_port, wait_for
+from peers import venv_peer
+from support import free_port, wait_for
 
 KSERVE_VERSION = "0.21.0"
-PEERS_DIR = REPO / ".test-peers"
-VENV = PEERS_DIR / "kserve-venv"
 MODELS_DIR = Path(__file__).resolve().parent / "kserve_models"
 MODELS = ("doubler", "summer", "labeller", "echo", "broken")  # those that answer ready
-INSTALL_TIMEOUT = 900.0
 
 
 def ensure_venv() -> Path:
     """The virtualenv's python, installing kserve on first use."""
-    python = VENV / "bin" / "python"
-    marker = VENV / f".installed-kserve-{KSERVE_VERSION}"
-    if marker.exists():
-        return python
-    PEERS_DIR.mkdir(exist_ok=True)
-    with open(PEERS_DIR / "kserve-venv.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # another test run may be installing it right now
-        if not marker.exists():
-            shutil.rmtree(VENV, ignore_errors=True)  # a half-made venv from an interrupted run
-            _run([sys.executable, "-m", "venv", str(VENV)], 120)
-            _run([str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-                  f"kserve=={KSERVE_VERSION}"], INSTALL_TIMEOUT)
-            marker.write_text(KSERVE_VERSION)
-    return python
-
-
-def _run(command: list[str], timeout: float) -> None:
-    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
-    if result.returncode != 0:
-        raise RuntimeError(f"{' '.join(command)} failed with {result.returncode}:\n{result.stderr[-3000:]}")
-
-
-def _status(url: str) -> int:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            return int(response.status)
-    except urllib.error.HTTPError as exc:
-        return exc.code
-    except (urllib.error.URLError, OSError):
-        return 0
+    return venv_peer.ensure_venv("kserve", KSERVE_VERSION) / "bin" / "python"
 
 
 class KServePeer:
@@ -105,8 +68,8 @@ class KServePeer:
         def ready() -> bool:
             if self.proc is not None and self.proc.poll() is not None:
                 raise RuntimeError(f"KServe exited with {self.proc.returncode}:\n{self.log()}")
-            return _status(f"http://{self.address}/") == 200 and all(
-                _status(f"http://{self.address}/v1/models/{m}") == 200 for m in MODELS)
+            return venv_peer.http_status(f"http://{self.address}/") == 200 and all(
+                venv_peer.http_status(f"http://{self.address}/v1/models/{m}") == 200 for m in MODELS)
 
         try:
             wait_for(ready, timeout, "KServe to load its models", interval=0.25)
@@ -117,18 +80,7 @@ class KServePeer:
 
     def stop(self) -> None:
         proc, self.proc = self.proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        venv_peer.stop_group(proc)
 
 
 @pytest.fixture(scope="session")

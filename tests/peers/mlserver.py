@@ -10,53 +10,26 @@ separate process bound to 127.0.0.1 on free ports, hosting every model in
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
-import shutil
-import signal
 import subprocess
-import sys
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from support import REPO, free_port, wait_for
+from peers import venv_peer
+from support import free_port, wait_for
 
 MLSERVER_VERSION = "1.7.1"
-PEERS_DIR = REPO / ".test-peers"
-VENV = PEERS_DIR / "mlserver-venv"
 MODELS_DIR = Path(__file__).resolve().parent / "mlserver_models"
 MAX_MESSAGE_BYTES = 256 << 20  # MLServer's gRPC default (4 MiB) is too small for big tensors
-INSTALL_TIMEOUT = 900.0
 
 
 def ensure_venv() -> Path:
     """The ``mlserver`` executable, installing it on first use."""
-    executable = VENV / "bin" / "mlserver"
-    marker = VENV / f".installed-mlserver-{MLSERVER_VERSION}"
-    if marker.exists():
-        return executable
-    PEERS_DIR.mkdir(exist_ok=True)
-    with open(PEERS_DIR / "mlserver-venv.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # another test run may be installing it right now
-        if not marker.exists():
-            shutil.rmtree(VENV, ignore_errors=True)  # a half-made venv from an interrupted run
-            _run([sys.executable, "-m", "venv", str(VENV)], 120)
-            _run([str(VENV / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-                  f"mlserver=={MLSERVER_VERSION}"], INSTALL_TIMEOUT)
-            marker.write_text(MLSERVER_VERSION)
-    return executable
-
-
-def _run(command: list[str], timeout: float) -> None:
-    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
-    if result.returncode != 0:
-        raise RuntimeError(f"{' '.join(command)} failed with {result.returncode}:\n{result.stderr[-3000:]}")
+    return venv_peer.ensure_venv("mlserver", MLSERVER_VERSION) / "bin" / "mlserver"
 
 
 def model_names() -> list[str]:
@@ -84,16 +57,6 @@ def write_repository(root: Path, models: list[str], http_port: int, grpc_port: i
         folder = root / name
         folder.mkdir()
         (folder / "model-settings.json").write_text(json.dumps(model_settings, indent=2))
-
-
-def _status(url: str) -> int:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            return int(response.status)
-    except urllib.error.HTTPError as exc:
-        return exc.code
-    except (urllib.error.URLError, OSError):
-        return 0
 
 
 class MLServerPeer:
@@ -139,8 +102,8 @@ class MLServerPeer:
             if self.proc is not None and self.proc.poll() is not None:
                 raise RuntimeError(f"MLServer exited with {self.proc.returncode}:\n{self.log()}")
             base = f"http://{self.rest_address}/v2"
-            return _status(f"{base}/health/ready") == 200 and all(
-                _status(f"{base}/models/{m}/ready") == 200 for m in self.models)
+            return venv_peer.http_status(f"{base}/health/ready") == 200 and all(
+                venv_peer.http_status(f"{base}/models/{m}/ready") == 200 for m in self.models)
 
         try:
             wait_for(ready, timeout, "MLServer to load its models", interval=0.25)
@@ -151,18 +114,7 @@ class MLServerPeer:
 
     def stop(self) -> None:
         proc, self.proc = self.proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
-        try:  # helpers MLServer started and left behind, if any
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        venv_peer.stop_group(proc)
 
 
 @pytest.fixture(scope="session")
