@@ -11,9 +11,8 @@ from __future__ import annotations
 import json
 import queue
 import socket
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any, ClassVar
 
 import numpy as np
@@ -22,6 +21,7 @@ import tritonclient.grpc as grpcclient
 
 from gateway.protocols.v2_rest.flat import encode_flat_request, flat_answer_items
 from gateway.types import Tensor, TensorSpec
+from peers.threaded_http import ThreadedStandin
 from support import GatewayProcess, write_config
 
 BACK_CONFIG = """
@@ -87,15 +87,11 @@ class FakePeer(BaseHTTPRequestHandler):
 
 @pytest.fixture(scope="module")
 def fake_peer() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), FakePeer)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+    server = ThreadedStandin(FakePeer).start()
     try:
-        yield f"127.0.0.1:{server.server_address[1]}"
+        yield server.address
     finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(10)
+        server.stop()
 
 
 @pytest.fixture(scope="module")
