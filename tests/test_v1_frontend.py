@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import urllib.request
 from collections.abc import Iterator
 from typing import Any
@@ -193,8 +194,9 @@ def test_mlserver_float_rows_from_metadata(gateway: GatewayProcess, http: reques
     values are sent as floats."""
     body = {"instances": [{"x": [0, 1], "y": [2]}, {"x": [0.5, 0.25], "y": [1.0]}]}
     predictions = ok(predict(gateway, http, f"trig_{hop}", body))["predictions"]
-    assert len(predictions) == 2 and set(predictions[0]) == {"f", "g"}
-    assert len(predictions[0]["f"]) == 2 and len(predictions[1]["g"]) == 1
+    assert predictions == [  # f = [sin(x0) * y0, x0 * x1 ** 2], g = [exp(x1 / 2) + y0 ** 2], each row its own
+        {"f": [0.0, 0.0], "g": pytest.approx([math.exp(0.5) + 4], rel=1e-6)},
+        {"f": pytest.approx([math.sin(0.5), 0.03125], rel=1e-6), "g": pytest.approx([math.exp(0.125) + 1], rel=1e-6)}]
 
 
 @pytest.mark.parametrize("hop", ["rest", "grpc"])
