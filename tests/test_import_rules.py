@@ -72,6 +72,12 @@ def test_imports_have_no_loops() -> None:
     assert not loops, "import loops: " + "; ".join(" <-> ".join(sorted(c)) for c in loops)
 
 
+def test_the_loop_finder_finds_a_loop() -> None:
+    """The test above passes on an empty answer: the finder must see one."""
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set()}
+    assert sorted(sorted(c) for c in _strongly_connected(graph)) == [["a", "b", "c"], ["d"]]
+
+
 def _strongly_connected(graph: dict[str, set[str]]) -> list[set[str]]:
     """Tarjan's algorithm, iterative."""
     index: dict[str, int] = {}
