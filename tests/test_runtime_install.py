@@ -11,8 +11,9 @@ adds `.[test]` (read with `make -n`, nothing is installed).
 from __future__ import annotations
 
 import json
-import shutil
+import os
 import subprocess
+import sys
 import tomllib
 import urllib.request
 from collections.abc import Iterator
@@ -76,10 +77,11 @@ def post(url: str, body: dict[str, object]) -> dict[str, object]:
 
 
 def test_the_hook_refuses_what_it_should(tmp_path: Path) -> None:
-    """The hook works: without this, the test below could pass blindly."""
+    """The hook works in the gateway's interpreter (where tritonclient is
+    installed): without this, the test below could pass blindly."""
     (tmp_path / "sitecustomize.py").write_text(HOOK.format(blocked=set(TEST_ONLY)))
-    result = subprocess.run([shutil.which("python3") or "python3", "-c", "import tritonclient"],
-                            env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"}, capture_output=True)
+    result = subprocess.run([sys.executable, "-c", "import tritonclient"],
+                            env={**os.environ, "PYTHONPATH": str(tmp_path)}, capture_output=True)
     assert result.returncode != 0 and b"test extras" in result.stderr
 
 
