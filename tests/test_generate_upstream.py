@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+from stream_client import Stream, final_flag, repeat_inputs
 
 from gateway.protocols.v2_rest.flat import encode_flat_request, flat_answer_items
 from gateway.types import Tensor, TensorSpec
@@ -115,40 +116,11 @@ routes:
         yield gw
 
 
-class Stream:
-    """A tritonclient.grpc stream whose results land in a queue."""
-
-    def __init__(self, url: str) -> None:
-        self.client = grpcclient.InferenceServerClient(url)
-        self.results: queue.Queue[tuple[Any, Any]] = queue.Queue()
-        self.client.start_stream(callback=lambda result, error: self.results.put((result, error)))
-
-    def next(self, timeout: float = 20.0) -> tuple[Any, Any]:
-        return self.results.get(timeout=timeout)
-
-    def __enter__(self) -> Stream:
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.client.stop_stream()
-        self.client.close()
-
-
 def tensor(name: str, values: Any, datatype: str) -> grpcclient.InferInput:
     array = np.array(values, dtype=object if datatype == "BYTES" else grpcclient.triton_to_np_dtype(datatype))
     item = grpcclient.InferInput(name, list(array.shape), datatype)
     item.set_data_from_numpy(array)
     return item
-
-
-def repeat_inputs(values: list[int], delays: list[int] | None = None) -> list[grpcclient.InferInput]:
-    return [tensor("IN", values, "INT32"), tensor("DELAY", delays or [0] * len(values), "UINT32"),
-            tensor("WAIT", [0], "UINT32")]
-
-
-def final_flag(result: Any) -> bool | None:
-    parameters = result.get_response().parameters
-    return parameters["triton_final_response"].bool_param if "triton_final_response" in parameters else None
 
 
 def described(result: Any) -> dict[str, tuple[str, list[int], list[Any]]]:

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as aioclient
+from stream_client import Stream, final_flag, repeat_inputs
 from tritonclient.utils import InferenceServerException
 
 from gateway.protocols.v2_grpc import codec
@@ -57,38 +58,6 @@ def simple_inputs(a: np.ndarray, b: np.ndarray) -> list[grpcclient.InferInput]:
         item.set_data_from_numpy(array)
         inputs.append(item)
     return inputs
-
-
-def repeat_inputs(values: list[int], delay_ms: int | list[int] = 0, wait_ms: int = 0,
-                  module: Any = grpcclient) -> list[Any]:
-    delays = delay_ms if isinstance(delay_ms, list) else [delay_ms] * len(values)
-    inputs = [module.InferInput("IN", [len(values)], "INT32"), module.InferInput("DELAY", [len(values)], "UINT32"),
-              module.InferInput("WAIT", [1], "UINT32")]
-    inputs[0].set_data_from_numpy(np.array(values, dtype=np.int32))
-    inputs[1].set_data_from_numpy(np.array(delays, dtype=np.uint32))
-    inputs[2].set_data_from_numpy(np.array([wait_ms], dtype=np.uint32))
-    return inputs
-
-
-class Stream:
-    """A tritonclient.grpc stream whose results land in a queue."""
-
-    def __init__(self, url: str) -> None:
-        self.client = grpcclient.InferenceServerClient(url)
-        self.results: queue.Queue[tuple[Any, Any]] = queue.Queue()
-        self.client.start_stream(callback=lambda result, error: self.results.put((result, error)))
-
-    def next(self, timeout: float = 10.0) -> tuple[Any, Any]:
-        return self.results.get(timeout=timeout)
-
-    def close(self) -> None:
-        self.client.stop_stream()
-        self.client.close()
-
-
-def final_flag(result: Any) -> bool | None:
-    parameters = result.get_response().parameters
-    return parameters["triton_final_response"].bool_param if "triton_final_response" in parameters else None
 
 
 def test_unary_model_one_final_response_per_request(gateway: GatewayProcess) -> None:

@@ -22,6 +22,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as aioclient
 from hypothesis import given
 from hypothesis import strategies as st
+from stream_client import Stream, final_flag, repeat_inputs
 
 from gateway.http.sse import SseError, SseEvent, SseParser, encode_event, parse_events
 from peers.mlserver import MLServerPeer
@@ -142,44 +143,6 @@ def count_inputs(values: list[int], module: Any = grpcclient) -> list[Any]:
     item = module.InferInput("IN", [len(values)], "INT32")
     item.set_data_from_numpy(np.array(values, dtype=np.int32))
     return [item]
-
-
-def repeat_inputs(values: list[int], delay_ms: int = 0) -> list[Any]:
-    inputs = [grpcclient.InferInput("IN", [len(values)], "INT32"),
-              grpcclient.InferInput("DELAY", [len(values)], "UINT32"), grpcclient.InferInput("WAIT", [1], "UINT32")]
-    inputs[0].set_data_from_numpy(np.array(values, dtype=np.int32))
-    inputs[1].set_data_from_numpy(np.full(len(values), delay_ms, dtype=np.uint32))
-    inputs[2].set_data_from_numpy(np.array([0], dtype=np.uint32))
-    return inputs
-
-
-class Stream:
-    """A tritonclient.grpc stream whose results land in a queue; ``hold``
-    (when set) blocks the client's reading thread until released."""
-
-    def __init__(self, url: str, hold: threading.Event | None = None) -> None:
-        self.client = grpcclient.InferenceServerClient(url)
-        self.results: queue.Queue[tuple[Any, Any]] = queue.Queue()
-        self.hold = hold
-
-        def callback(result: Any, error: Any) -> None:
-            self.results.put((result, error))
-            if self.hold is not None:
-                self.hold.wait(60)
-
-        self.client.start_stream(callback=callback)
-
-    def next(self, timeout: float = 20.0) -> tuple[Any, Any]:
-        return self.results.get(timeout=timeout)
-
-    def close(self, cancel: bool = False) -> None:
-        self.client.stop_stream(cancel_requests=cancel)
-        self.client.close()
-
-
-def final_flag(result: Any) -> bool | None:
-    parameters = result.get_response().parameters
-    return parameters["triton_final_response"].bool_param if "triton_final_response" in parameters else None
 
 
 def outs(results: list[Any]) -> list[tuple[int, int]]:
