@@ -33,8 +33,8 @@ from gateway.protocols.v1_rest.backend import V1RestClient
 from gateway.protocols.v1_rest.upstream_options import COLUMNAR, ROW, V1UpstreamOptions
 from gateway.services import GatewayServices
 from gateway.types import ExtensionRequest, InferRequest, RawPayload, RequestContext, Tensor, TensorSpec
-from peers.kserve import VENV as KSERVE_VENV
 from peers.kserve import KServePeer, kserve  # noqa: F401 - the session-wide KServe fixture
+from peers.kserve import ensure_venv as kserve_python
 from support import GatewayProcess, write_config
 
 MAX_ELEMENTS = 1 << 20
@@ -228,7 +228,7 @@ asyncio.run(main(sys.argv[1]))
 
 
 def _kserve_client(gateway: GatewayProcess, calls: list[tuple[str, object]]) -> list[dict[str, object]]:
-    result = subprocess.run([str(KSERVE_VENV / "bin" / "python"), "-c", KSERVE_CLIENT,
+    result = subprocess.run([str(kserve_python()), "-c", KSERVE_CLIENT,
                              f"http://{gateway.url('v1')}"], input=json.dumps(calls), capture_output=True,
                             text=True, timeout=60)
     assert result.returncode == 0, result.stderr[-2000:]
