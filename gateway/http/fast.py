@@ -35,6 +35,7 @@ from urllib.parse import unquote
 import httptools
 
 from gateway.errors import ErrorKind, GatewayError, malformed, too_large, unsupported
+from gateway.http.body import decompress
 from gateway.http.exchange import (
     Handler,
     HttpReply,
@@ -113,7 +114,6 @@ class FastListener:
     authenticator: Callable[[], Authenticator | None]
     draining: Callable[[], bool]
     max_body: int
-    decompress: Callable[..., Any]  # (body, encoding, limit) -> bytearray, run in the offload pool
     status_kinds: Mapping[int, ErrorKind]  # what its HTTP statuses stand for (HttpFrontend.status_kinds)
 
     def __post_init__(self) -> None:
@@ -273,7 +273,7 @@ class FastRequest(HttpRequest):
         self._buffer = self._view = None
         self._handed_over = True
         if encoding in ("gzip", "deflate"):
-            body = await listener.services.offload.run(len(body) << 10, listener.decompress, body, encoding, limit)
+            body = await listener.services.offload.run(len(body) << 10, decompress, body, encoding, limit)
             self.reservation().grow(len(body))
         return body
 

@@ -30,7 +30,6 @@ from gateway.http.aiohttp_app import (
     read_body,
     request_context,
 )
-from gateway.http.body import decompress
 from gateway.http.exchange import Handler, HttpReply, HttpRequest
 from gateway.http.fast import FastListener, FastRoute, FastRoutes, route
 from gateway.http.guard import ListenerGuard
@@ -196,7 +195,7 @@ class HttpFrontend(Frontend):
             self.listener.name, self.listener.protocol, self.services, routes, self.guard, self.error_reply,
             handoff=factory._handler, authenticator=lambda: self._authenticator,
             draining=lambda: self.dataplane.draining, max_body=self.max_body,
-            decompress=decompress, status_kinds=self.status_kinds) if routes else None
+            status_kinds=self.status_kinds) if routes else None
         factory.install(self.guard, self._fast)
         address = self.listener.address
         # SO_REUSEPORT only under `gateway serve --workers N` (services.reuse_port).
