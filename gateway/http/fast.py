@@ -720,12 +720,11 @@ class FastConnection(asyncio.Protocol):
             self.transport.close()
 
 
-def route(method: str, path: str, handler: Handler, operation: str | None = None) -> FastRoute:
+def route(method: str, path: str, handler: Handler) -> FastRoute:
     """A fast route from an aiohttp-style path: ``{name}`` matches one
-    segment and becomes a param."""
+    segment and becomes a param; the handler's name is the operation."""
     pattern = re.sub(r"\\\{(\w+)\\\}", r"(?P<\1>[^/]+)", re.escape(path))
-    name = operation or str(getattr(handler, "__name__", "other"))
-    return FastRoute(method, re.compile(pattern), handler, name)
+    return FastRoute(method, re.compile(pattern), handler, str(getattr(handler, "__name__", "other")))
 
 
 __all__ = ["FastConnection", "FastListener", "FastRequest", "FastRoute", "FastRoutes", "route"]
