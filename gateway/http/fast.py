@@ -34,8 +34,8 @@ from urllib.parse import unquote
 
 import httptools
 
-from gateway.errors import ErrorKind, GatewayError, malformed, too_large, unsupported
-from gateway.http.body import decompress
+from gateway.errors import ErrorKind, GatewayError, malformed, too_large
+from gateway.http.body import decompress, request_coding
 from gateway.http.exchange import (
     Handler,
     HttpReply,
@@ -239,9 +239,7 @@ class FastRequest(HttpRequest):
         limit = listener.max_body
         if self.expected > limit:
             raise too_large(f"request body of {self.expected} bytes exceeds the limit of {limit} bytes")
-        encoding = self.headers.get("content-encoding", "identity").strip().lower()
-        if encoding not in ("identity", "", "gzip", "deflate"):
-            raise unsupported(f"unsupported Content-Encoding '{encoding[:40]}'; use gzip or deflate")
+        encoding = request_coding(self.headers.get("content-encoding", "identity"))
         if self._handed_over:
             raise RuntimeError("the request body was read already")
         if self._buffer is None:
