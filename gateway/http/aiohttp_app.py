@@ -52,8 +52,6 @@ from gateway.types import RequestContext
 log = logging.getLogger(__name__)
 
 
-_LINGERING_TIME = 10.0  # aiohttp's default
-
 # What a request holds of the memory budget (HttpFrontend.reservation).
 RESERVATION = web.RequestKey("gateway_reservation", Reservation)
 # Set on a request whose body was abandoned: its connection must close.

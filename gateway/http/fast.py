@@ -68,7 +68,7 @@ SMALL_ANSWER = 256 << 10
 # slice once the previous ones have drained below the high-water mark.
 WRITE_SLICE = 1 << 20
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
-_LINGERING_TIME = 10.0  # s, as aiohttp's: how long an unread body is read and dropped after an early answer
+LINGERING_TIME = 10.0  # s, as aiohttp's: how long an unread body is read and dropped after an early answer
 
 
 @dataclass(frozen=True, slots=True)
@@ -600,7 +600,7 @@ class FastConnection(asyncio.Protocol):
             # (for a while) before the next request, or before closing, so that
             # it sees the answer.
             self._discard = request.missing
-            self._lingering(min(_LINGERING_TIME, self.listener.services.config.limits.body_timeout))
+            self._lingering(min(LINGERING_TIME, self.listener.services.config.limits.body_timeout))
             return
         self._after_answer()
 
