@@ -35,8 +35,8 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from gateway.acceptor import Acceptor, bind
 from gateway.auth import Authenticator
 from gateway.budget import Reservation
-from gateway.errors import ErrorKind, GatewayError, malformed, too_large, unsupported
-from gateway.http.body import decompress
+from gateway.errors import ErrorKind, GatewayError, malformed, too_large
+from gateway.http.body import decompress, request_coding
 from gateway.http.exchange import HttpReply, HttpStatusError, new_context, outcome_of_status, parser_reason
 from gateway.http.fast import FastConnection, FastListener
 from gateway.http.guard import ListenerGuard
@@ -51,8 +51,6 @@ from gateway.types import RequestContext
 
 log = logging.getLogger(__name__)
 
-
-_LINGERING_TIME = 10.0  # aiohttp's default
 
 # What a request holds of the memory budget (HttpFrontend.reservation).
 RESERVATION = web.RequestKey("gateway_reservation", Reservation)
@@ -71,9 +69,7 @@ async def read_body(request: web.Request, limit: int, timeout: float | None, off
     declared = request.content_length
     if declared is not None and declared > limit:
         raise too_large(f"request body of {declared} bytes exceeds the limit of {limit} bytes")
-    encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
-    if encoding not in ("identity", "", "gzip", "deflate"):
-        raise unsupported(f"unsupported Content-Encoding '{encoding[:40]}'; use gzip or deflate")
+    encoding = request_coding(request.headers.get("Content-Encoding", "identity"))
     try:
         async with asyncio.timeout(timeout):
             if declared is not None and encoding in ("identity", ""):

@@ -14,6 +14,15 @@ log = logging.getLogger(__name__)
 _DECOMPRESS_CHUNK = 1 << 20
 
 
+def request_coding(content_encoding: str) -> str:
+    """A request's Content-Encoding, normalized ("identity" or "" for none,
+    "gzip", "deflate"); UNSUPPORTED for any other, before its body is read."""
+    encoding = content_encoding.strip().lower()
+    if encoding not in ("identity", "", "gzip", "deflate"):
+        raise unsupported(f"unsupported Content-Encoding '{encoding[:40]}'; use gzip or deflate")
+    return encoding
+
+
 def decompress(body: bytes | bytearray, encoding: str, limit: int) -> bytearray:
     """gzip/deflate body, refusing to inflate past ``limit`` bytes."""
     if encoding == "gzip":

@@ -34,7 +34,8 @@ from urllib.parse import unquote
 
 import httptools
 
-from gateway.errors import ErrorKind, GatewayError, malformed, too_large, unsupported
+from gateway.errors import ErrorKind, GatewayError, malformed, too_large
+from gateway.http.body import decompress, request_coding
 from gateway.http.exchange import (
     Handler,
     HttpReply,
@@ -67,7 +68,7 @@ SMALL_ANSWER = 256 << 10
 # slice once the previous ones have drained below the high-water mark.
 WRITE_SLICE = 1 << 20
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
-_LINGERING_TIME = 10.0  # s, as aiohttp's: how long an unread body is read and dropped after an early answer
+LINGERING_TIME = 10.0  # s, as aiohttp's: how long an unread body is read and dropped after an early answer
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,7 +114,6 @@ class FastListener:
     authenticator: Callable[[], Authenticator | None]
     draining: Callable[[], bool]
     max_body: int
-    decompress: Callable[..., Any]  # (body, encoding, limit) -> bytearray, run in the offload pool
     status_kinds: Mapping[int, ErrorKind]  # what its HTTP statuses stand for (HttpFrontend.status_kinds)
 
     def __post_init__(self) -> None:
@@ -239,9 +239,7 @@ class FastRequest(HttpRequest):
         limit = listener.max_body
         if self.expected > limit:
             raise too_large(f"request body of {self.expected} bytes exceeds the limit of {limit} bytes")
-        encoding = self.headers.get("content-encoding", "identity").strip().lower()
-        if encoding not in ("identity", "", "gzip", "deflate"):
-            raise unsupported(f"unsupported Content-Encoding '{encoding[:40]}'; use gzip or deflate")
+        encoding = request_coding(self.headers.get("content-encoding", "identity"))
         if self._handed_over:
             raise RuntimeError("the request body was read already")
         if self._buffer is None:
@@ -273,7 +271,7 @@ class FastRequest(HttpRequest):
         self._buffer = self._view = None
         self._handed_over = True
         if encoding in ("gzip", "deflate"):
-            body = await listener.services.offload.run(len(body) << 10, listener.decompress, body, encoding, limit)
+            body = await listener.services.offload.run(len(body) << 10, decompress, body, encoding, limit)
             self.reservation().grow(len(body))
         return body
 
@@ -602,7 +600,7 @@ class FastConnection(asyncio.Protocol):
             # (for a while) before the next request, or before closing, so that
             # it sees the answer.
             self._discard = request.missing
-            self._lingering(min(_LINGERING_TIME, self.listener.services.config.limits.body_timeout))
+            self._lingering(min(LINGERING_TIME, self.listener.services.config.limits.body_timeout))
             return
         self._after_answer()
 
@@ -720,12 +718,11 @@ class FastConnection(asyncio.Protocol):
             self.transport.close()
 
 
-def route(method: str, path: str, handler: Handler, operation: str | None = None) -> FastRoute:
+def route(method: str, path: str, handler: Handler) -> FastRoute:
     """A fast route from an aiohttp-style path: ``{name}`` matches one
-    segment and becomes a param."""
+    segment and becomes a param; the handler's name is the operation."""
     pattern = re.sub(r"\\\{(\w+)\\\}", r"(?P<\1>[^/]+)", re.escape(path))
-    name = operation or str(getattr(handler, "__name__", "other"))
-    return FastRoute(method, re.compile(pattern), handler, name)
+    return FastRoute(method, re.compile(pattern), handler, str(getattr(handler, "__name__", "other")))
 
 
 __all__ = ["FastConnection", "FastListener", "FastRequest", "FastRoute", "FastRoutes", "route"]

@@ -17,7 +17,6 @@ from gateway.auth import Authenticator
 from gateway.budget import Reservation
 from gateway.errors import ErrorKind, GatewayError
 from gateway.http.aiohttp_app import (
-    _LINGERING_TIME,
     RESERVATION,
     _GuardedServer,
     _GuardedSite,
@@ -30,9 +29,8 @@ from gateway.http.aiohttp_app import (
     read_body,
     request_context,
 )
-from gateway.http.body import decompress
 from gateway.http.exchange import Handler, HttpReply, HttpRequest
-from gateway.http.fast import FastListener, FastRoute, FastRoutes, route
+from gateway.http.fast import LINGERING_TIME, FastListener, FastRoute, FastRoutes, route
 from gateway.http.guard import ListenerGuard
 from gateway.protocols.base import Frontend
 from gateway.tls import ServerTls
@@ -180,7 +178,7 @@ class HttpFrontend(Frontend):
                                      keepalive_timeout=limits.idle_timeout,
                                      # After an early answer (413, 408), an unread body is read and
                                      # dropped this long so the client sees the answer, then closed.
-                                     lingering_time=min(_LINGERING_TIME, limits.body_timeout),
+                                     lingering_time=min(LINGERING_TIME, limits.body_timeout),
                                      max_line_size=limits.max_header_line_bytes,
                                      max_field_size=limits.max_header_line_bytes, max_headers=limits.max_headers)
         await self._runner.setup()
@@ -196,7 +194,7 @@ class HttpFrontend(Frontend):
             self.listener.name, self.listener.protocol, self.services, routes, self.guard, self.error_reply,
             handoff=factory._handler, authenticator=lambda: self._authenticator,
             draining=lambda: self.dataplane.draining, max_body=self.max_body,
-            decompress=decompress, status_kinds=self.status_kinds) if routes else None
+            status_kinds=self.status_kinds) if routes else None
         factory.install(self.guard, self._fast)
         address = self.listener.address
         # SO_REUSEPORT only under `gateway serve --workers N` (services.reuse_port).

@@ -49,8 +49,6 @@ from gateway.upstream_http import HttpReply, UpstreamHttp
 
 PROTOCOL = "v1-rest"
 PLATFORM = "v1-rest"
-# call_extension's operation for a V1 ``:explain`` (ExtensionRequest whose
-# request is the routed InferRequest; answers a RawPayload of the JSON).
 _TF_SERVING_AVAILABLE = "AVAILABLE"
 _MEASURED_BYTES_ELEMENTS = 256
 

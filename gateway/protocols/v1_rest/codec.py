@@ -320,21 +320,22 @@ def _tensor(name: str, value: Any, spec: TensorSpec | None, budget: TensorBudget
 # --- answers ------------------------------------------------------------------
 
 
-def _text_or_b64(item: bytes) -> Any:
+def text_or_b64(item: bytes) -> Any:
+    """A BYTES element as V1 JSON: its text, or ``{"b64": ...}`` when it is not UTF-8."""
     try:
         return item.decode()
     except UnicodeDecodeError:
         return {"b64": base64.b64encode(item).decode("ascii")}
 
 
-_BYTES_JSON = np.frompyfunc(_text_or_b64, 1, 1)
+BYTES_JSON = np.frompyfunc(text_or_b64, 1, 1)  # shared with upstream_codec.py
 
 
 def _json_value(array: np.ndarray, datatype: str) -> Any:
     """An output's data as JSON (nested lists; orjson writes numeric numpy
     arrays itself, NaN as null)."""
     if datatype == "BYTES":
-        return _BYTES_JSON(array).tolist() if array.ndim else _text_or_b64(array.item())
+        return BYTES_JSON(array).tolist() if array.ndim else text_or_b64(array.item())
     if datatype == "BF16":
         array = bf16_to_float(array)
     if array.ndim == 0:

@@ -32,6 +32,7 @@ import orjson
 from gateway.errors import GatewayError, invalid, malformed
 from gateway.jsontext import python_loads
 from gateway.protocols.upstream import without_addresses
+from gateway.protocols.v1_rest.codec import BYTES_JSON
 from gateway.protocols.v1_rest.errors import kind_of_upstream_status
 from gateway.protocols.v1_rest.upstream_options import COLUMNAR, ROW
 from gateway.tensors import array_from_json, bf16_to_float
@@ -47,21 +48,11 @@ _WIRE_PARAMETERS = frozenset({"binary_data_output"})
 # --- requests ------------------------------------------------------------------
 
 
-def _bytes_value(item: bytes) -> Any:
-    try:
-        return item.decode("utf-8")
-    except UnicodeDecodeError:
-        return {B64_KEY: base64.b64encode(item).decode("ascii")}
-
-
 def _json_value(tensor: Tensor) -> list[Any]:
     """The tensor as nested JSON lists (its first dimension outermost)."""
     if tensor.datatype == "BYTES":
-        flat = tensor.data.reshape(-1)
-        out = np.empty(len(flat), dtype=object)
-        for i, item in enumerate(flat):
-            out[i] = _bytes_value(bytes(item))
-        return out.reshape(tensor.shape).tolist()  # type: ignore[no-any-return]
+        # Text or {"b64"} per element, as the V1 listener writes them.
+        return BYTES_JSON(tensor.data.reshape(-1)).reshape(tensor.shape).tolist()  # type: ignore[no-any-return]
     data = bf16_to_float(tensor.data) if tensor.datatype == "BF16" else tensor.data
     return np.asarray(data).tolist()  # type: ignore[no-any-return]
 
