@@ -54,9 +54,6 @@ _MAX_NAME = 255  # bytes of a region name (and of a key: NAME_MAX)
 # Descriptors a worker keeps before it closes those of regions gone elsewhere.
 _SWEEP_AT = 64
 
-CUDA_REFUSAL = ("cuda_shared_memory: the gateway has no GPU and cannot map CUDA IPC memory; "
-                "use system shared memory (or send tensor data in the request)")
-
 
 @dataclass(frozen=True, slots=True)
 class Region:
