@@ -174,12 +174,7 @@ class Registry:
     def status(self, name: str | None = None) -> list[Region]:
         if name is not None:
             return [self.lookup(name)]
-        regions = []
-        for path in self.directory.glob("*.json"):
-            region = self._load(path)
-            if region is not None:
-                regions.append(region)
-        return sorted(regions, key=lambda r: r.name)
+        return sorted(self._regions(self.directory), key=lambda r: r.name)
 
     def _load(self, path: Path) -> Region | None:
         try:
@@ -232,6 +227,10 @@ class Registry:
         directory = self._directory
         if directory is None or not directory.exists():
             return []
+        return self._regions(directory)
+
+    def _regions(self, directory: Path) -> list[Region]:
+        """The registrations readable in ``directory``."""
         return [r for r in (self._load(p) for p in directory.glob("*.json")) if r is not None]
 
     def window(self, parameters: dict[str, Any], label: str) -> tuple[Region, Window]:
