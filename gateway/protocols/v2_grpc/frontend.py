@@ -289,9 +289,7 @@ class V2GrpcFrontend(Frontend):
                     # Metrics and the access log wait for the next turn of the loop:
                     # grpc starts sending the answer as soon as this returns.
                     asyncio.get_running_loop().call_soon(finish_request, services, ctx)
-            code, message = codec.encode_error(failure)
-            record.status = code.name
-            record.fail(failure.kind.value, failure.message)
+            code, message = codec.recorded_error(failure, record)
             finish_request(services, ctx)
             await context.abort(code, message)
 
@@ -416,9 +414,7 @@ class V2GrpcFrontend(Frontend):
                     raise GatewayError(ErrorKind.OVERLOADED, f"the listener has {limit} open streams, its limit "
                                        "(limits.max_open_streams); retry later")
             except GatewayError as error:  # the stream is refused as a whole
-                code, message = codec.encode_error(error)
-                ctx.record.status = code.name
-                ctx.record.fail(error.kind.value, error.message)
+                code, message = codec.recorded_error(error, ctx.record)
                 finish_request(services, ctx)
                 await context.abort(code, message)
             open_streams = services.metrics.streams_open(self.listener.name, PROTOCOL)

@@ -241,9 +241,7 @@ class StreamSession:
         else:
             log.error("unhandled error in a ModelStreamInfer request", exc_info=exc)
             error = GatewayError(ErrorKind.INTERNAL, "internal error")
-        code, message = codec.encode_error(error)
-        ctx.record.status = code.name
-        ctx.record.fail(error.kind.value, error.message)
+        _, message = codec.recorded_error(error, ctx.record)
         await self._send(stream_error(message, request))
 
     def _end(self, state: _Request, cancelled: bool) -> None:
