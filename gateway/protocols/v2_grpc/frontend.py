@@ -167,9 +167,13 @@ class V2GrpcFrontend(Frontend):
     extensions: Extensions
     active = 0  # requests in flight (grpc's own health service not counted)
 
-    @property
-    def max_active(self) -> int:
-        return self.services.config.limits.max_concurrent_requests
+    def check_active(self) -> None:
+        """OVERLOADED when the requests in flight, the caller's counted, pass
+        the listener's limit: refused at once, never queued."""
+        limit = self.services.config.limits.max_concurrent_requests
+        if self.active > limit:
+            raise GatewayError(ErrorKind.OVERLOADED, f"the listener is handling {limit} requests, its limit "
+                               "(limits.max_concurrent_requests); retry later")
 
     @classmethod
     def parse_options(cls, node: Node) -> GrpcListenerOptions:
@@ -255,9 +259,7 @@ class V2GrpcFrontend(Frontend):
             try:
                 if self._authenticator is not None and name not in PUBLIC_METHODS:
                     self._authenticator.check(ctx.headers)
-                if self.active > self.max_active:  # refused at once, never queued
-                    raise GatewayError(ErrorKind.OVERLOADED, f"the listener is handling {self.max_active} "
-                                       "requests, its limit (limits.max_concurrent_requests); retry later")
+                self.check_active()
                 if isinstance(data, bytes):  # grpc has read it already: counted from here on
                     reservation.grow(len(data))
                 if name in PARSED_BY_HANDLER:
