@@ -331,9 +331,6 @@ class Plan:
     def input_bytes(self) -> int:
         return sum(window.byte_size for _, _, window in self.inputs)
 
-    def __bool__(self) -> bool:
-        return bool(self.inputs or self.outputs)
-
 
 def plan(request: InferRequest, allowed: str | None) -> Plan:
     """The regions ``request`` names, checked; the requested outputs lose
