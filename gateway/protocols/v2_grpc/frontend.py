@@ -235,20 +235,20 @@ class V2GrpcFrontend(Frontend):
     # --- plumbing --------------------------------------------------------------
 
     def _handler(self, name: str, request_class: Any) -> Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]:
-        """The method's handler; ``request_class`` None for a streaming one."""
+        """The handler of a unary method (ModelStreamInfer has _stream_handler)."""
         operation: Callable[[Any, RequestContext], Awaitable[Any]] = getattr(self, f"_{name}", None) or _refuse(name)
-        type_name = request_class.DESCRIPTOR.full_name if request_class is not None else ""
+        type_name = request_class.DESCRIPTOR.full_name
         services = self.services
         in_flight = services.metrics.requests_in_flight(self.listener.name, PROTOCOL)
         operation_name = rpc_operation(name)
         path = pb.method_path(name)
 
-        async def handle(data: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def handle(data: bytes, context: grpc.aio.ServicerContext) -> Any:
             ctx = self._context(context)
             record = ctx.record
             record.operation, record.method, record.peer = operation_name, "POST", context.peer() or ""
             record.path = path
-            record.request_bytes = len(data) if isinstance(data, bytes) else 0
+            record.request_bytes = len(data)
             if services.tracing is not None:
                 services.tracing.start(ctx)
             in_flight.inc()
@@ -260,13 +260,12 @@ class V2GrpcFrontend(Frontend):
                 if self._authenticator is not None and name not in PUBLIC_METHODS:
                     self._authenticator.check(ctx.headers)
                 self.check_active()
-                if isinstance(data, bytes):  # grpc has read it already: counted from here on
-                    reservation.grow(len(data))
+                reservation.grow(len(data))  # grpc has read it already: counted from here on
                 if name in PARSED_BY_HANDLER:
                     message: Any = data
                 else:
                     try:
-                        message = request_class.FromString(data) if request_class is not None else None
+                        message = request_class.FromString(data)
                     except DecodeError:
                         raise malformed(f"the request is not a valid {type_name} message") from None
                     self._adopt_message_id(ctx, str(getattr(message, "id", "")))
