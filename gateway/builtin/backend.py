@@ -112,7 +112,7 @@ class BuiltinClient(UpstreamClient):
     async def infer_stream(self, request: InferRequest, ctx: RequestContext) -> AsyncIterator[StreamedResponse]:
         model = self._model(request.model_name, request.model_version)
         if not isinstance(model, DecoupledModel):
-            yield StreamedResponse(InferResponse(model.name, MODEL_VERSION, request.id, model.infer(request)), True)
+            yield StreamedResponse(await self.infer(request, ctx), final=True)
             return
         # As a decoupled Triton model: no response is final, the end of the stream says so.
         async for response in model.responses(request):

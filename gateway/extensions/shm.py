@@ -54,9 +54,6 @@ _MAX_NAME = 255  # bytes of a region name (and of a key: NAME_MAX)
 # Descriptors a worker keeps before it closes those of regions gone elsewhere.
 _SWEEP_AT = 64
 
-CUDA_REFUSAL = ("cuda_shared_memory: the gateway has no GPU and cannot map CUDA IPC memory; "
-                "use system shared memory (or send tensor data in the request)")
-
 
 @dataclass(frozen=True, slots=True)
 class Region:
@@ -177,12 +174,7 @@ class Registry:
     def status(self, name: str | None = None) -> list[Region]:
         if name is not None:
             return [self.lookup(name)]
-        regions = []
-        for path in self.directory.glob("*.json"):
-            region = self._load(path)
-            if region is not None:
-                regions.append(region)
-        return sorted(regions, key=lambda r: r.name)
+        return sorted(self._regions(self.directory), key=lambda r: r.name)
 
     def _load(self, path: Path) -> Region | None:
         try:
@@ -235,6 +227,10 @@ class Registry:
         directory = self._directory
         if directory is None or not directory.exists():
             return []
+        return self._regions(directory)
+
+    def _regions(self, directory: Path) -> list[Region]:
+        """The registrations readable in ``directory``."""
         return [r for r in (self._load(p) for p in directory.glob("*.json")) if r is not None]
 
     def window(self, parameters: dict[str, Any], label: str) -> tuple[Region, Window]:
@@ -334,9 +330,6 @@ class Plan:
     @property
     def input_bytes(self) -> int:
         return sum(window.byte_size for _, _, window in self.inputs)
-
-    def __bool__(self) -> bool:
-        return bool(self.inputs or self.outputs)
 
 
 def plan(request: InferRequest, allowed: str | None) -> Plan:

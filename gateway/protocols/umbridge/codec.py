@@ -29,7 +29,6 @@ from gateway.protocols.umbridge.errors import ERROR_TYPES, kind_of_upstream_erro
 from gateway.types import (  # the contract's parameters live with the canonical types: re-exported
     CONFIG_PARAMETER,  # noqa: F401
     DERIVATIVE_KINDS,
-    SUPPORT_PARAMETER,  # noqa: F401
     Derivative,
     config_from_text,  # noqa: F401
 )

@@ -124,8 +124,7 @@ def single_keys(text: bytes | bytearray, obj: dict[str, Any], vectors_key: str) 
     escaped) as in ``obj`` written back; numbers hold none. A repeated key
     adds colons only to the text, so equal counts mean none (unequal counts
     from an escaped backslash before "u003a" only mean a translation)."""
-    # numpy's count pays off on big texts; on small ones its setup dominates
-    in_text = count_bytes(text, b":")[0] if len(text) >= tensors.FAST_JSON_MIN_BYTES else text.count(b":")
+    (in_text,) = count_bytes(text, b":")  # it picks bytes.count for small texts itself
     if text.find(b"\\") != -1:
         in_text += sum(text.count(escaped) for escaped in _ESCAPED_COLONS)
     skeleton = {**obj, vectors_key: None} if vectors_key in obj else obj

@@ -146,17 +146,25 @@ class V2GrpcClient(UpstreamClient):
         # Serialized by hand and parsed by hand: raw tensors are never copied
         # through protobuf objects (see rawwire). A V2 gRPC client's own
         # bytes go as they are (see passthrough).
-        payload = passthrough.client_bytes(request)
-        passed = payload is not None and self.upstream.passthrough
-        if payload is not None:  # a V2 gRPC client's request; the frontend settles the answer's side
-            ctx.record.passthrough = PASSTHROUGH_REQUEST_ONLY if passed else PASSTHROUGH_TRANSLATED
-        reply = await self._model_infer(request, ctx, payload if passed else None)
+        payload = self._forwarded(request, ctx)
+        reply = await self._model_infer(request, ctx, payload)
         with reading_reply(self.label):
             response, raw_outputs = codec.decode_infer_response_form(
                 reply, self.services.config.limits.max_tensor_elements)
-        if passed:  # the client may get these bytes back (the frontend decides)
+        if payload is not None:  # the client may get these bytes back (the frontend decides)
             response.raw = passthrough.response_payload(reply, response, raw_outputs)
         return response
+
+    def _forwarded(self, request: InferRequest, ctx: RequestContext) -> passthrough.GrpcPayload | None:
+        """The V2 gRPC client's own message, when this upstream takes it as it
+        is (``passthrough``); the record notes the request's side either way
+        (the frontend settles the answer's side)."""
+        payload = passthrough.client_bytes(request)
+        if payload is None:
+            return None
+        passed = self.upstream.passthrough
+        ctx.record.passthrough = PASSTHROUGH_REQUEST_ONLY if passed else PASSTHROUGH_TRANSLATED
+        return payload if passed else None
 
     async def _model_infer(self, request: InferRequest, ctx: RequestContext,
                            payload: passthrough.GrpcPayload | None) -> bytes:
@@ -214,11 +222,8 @@ class V2GrpcClient(UpstreamClient):
         forms). Closing this iterator early (the client cancelled, the
         deadline passed) cancels the call, which ends the upstream's stream."""
         form = self.stream_form or await self._learn_stream_form(ctx)
-        payload = passthrough.client_bytes(request)
-        passed = payload is not None and self.upstream.passthrough
-        if payload is not None:
-            ctx.record.passthrough = PASSTHROUGH_REQUEST_ONLY if passed else PASSTHROUGH_TRANSLATED
-        message = passthrough.upstream_bytes(payload, request) if passed and payload is not None \
+        payload = self._forwarded(request, ctx)
+        message = passthrough.upstream_bytes(payload, request) if payload is not None \
             else await self._message(request, ctx)
         call = self._stream_infer(timeout=self._time_left(ctx), metadata=codec.metadata(self.request_headers(ctx)))
         max_elements = self.services.config.limits.max_tensor_elements

@@ -49,6 +49,7 @@ from gateway.types import (
 
 if TYPE_CHECKING:
     from gateway.config import Limits
+    from gateway.observe import RequestRecord
 
 # Datatype -> the InferTensorContents field that carries it. FP16 and BF16
 # have none: they travel only raw.
@@ -75,6 +76,14 @@ _UINT64_MAX = (1 << 64) - 1
 
 def encode_error(error: GatewayError) -> tuple[grpc.StatusCode, str]:
     return CODE_OF_KIND[error.kind], error.message
+
+
+def recorded_error(error: GatewayError, record: RequestRecord) -> tuple[grpc.StatusCode, str]:
+    """:func:`encode_error`, with the status and the failure noted on the request's record."""
+    code, message = encode_error(error)
+    record.status = code.name
+    record.fail(error.kind.value, error.message)
+    return code, message
 
 
 # How grpc core words UNAVAILABLE when the transport failed rather than the

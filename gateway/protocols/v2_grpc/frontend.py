@@ -167,9 +167,13 @@ class V2GrpcFrontend(Frontend):
     extensions: Extensions
     active = 0  # requests in flight (grpc's own health service not counted)
 
-    @property
-    def max_active(self) -> int:
-        return self.services.config.limits.max_concurrent_requests
+    def check_active(self) -> None:
+        """OVERLOADED when the requests in flight, the caller's counted, pass
+        the listener's limit: refused at once, never queued."""
+        limit = self.services.config.limits.max_concurrent_requests
+        if self.active > limit:
+            raise GatewayError(ErrorKind.OVERLOADED, f"the listener is handling {limit} requests, its limit "
+                               "(limits.max_concurrent_requests); retry later")
 
     @classmethod
     def parse_options(cls, node: Node) -> GrpcListenerOptions:
@@ -231,20 +235,20 @@ class V2GrpcFrontend(Frontend):
     # --- plumbing --------------------------------------------------------------
 
     def _handler(self, name: str, request_class: Any) -> Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]:
-        """The method's handler; ``request_class`` None for a streaming one."""
+        """The handler of a unary method (ModelStreamInfer has _stream_handler)."""
         operation: Callable[[Any, RequestContext], Awaitable[Any]] = getattr(self, f"_{name}", None) or _refuse(name)
-        type_name = request_class.DESCRIPTOR.full_name if request_class is not None else ""
+        type_name = request_class.DESCRIPTOR.full_name
         services = self.services
         in_flight = services.metrics.requests_in_flight(self.listener.name, PROTOCOL)
         operation_name = rpc_operation(name)
         path = pb.method_path(name)
 
-        async def handle(data: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def handle(data: bytes, context: grpc.aio.ServicerContext) -> Any:
             ctx = self._context(context)
             record = ctx.record
             record.operation, record.method, record.peer = operation_name, "POST", context.peer() or ""
             record.path = path
-            record.request_bytes = len(data) if isinstance(data, bytes) else 0
+            record.request_bytes = len(data)
             if services.tracing is not None:
                 services.tracing.start(ctx)
             in_flight.inc()
@@ -255,16 +259,13 @@ class V2GrpcFrontend(Frontend):
             try:
                 if self._authenticator is not None and name not in PUBLIC_METHODS:
                     self._authenticator.check(ctx.headers)
-                if self.active > self.max_active:  # refused at once, never queued
-                    raise GatewayError(ErrorKind.OVERLOADED, f"the listener is handling {self.max_active} "
-                                       "requests, its limit (limits.max_concurrent_requests); retry later")
-                if isinstance(data, bytes):  # grpc has read it already: counted from here on
-                    reservation.grow(len(data))
+                self.check_active()
+                reservation.grow(len(data))  # grpc has read it already: counted from here on
                 if name in PARSED_BY_HANDLER:
                     message: Any = data
                 else:
                     try:
-                        message = request_class.FromString(data) if request_class is not None else None
+                        message = request_class.FromString(data)
                     except DecodeError:
                         raise malformed(f"the request is not a valid {type_name} message") from None
                     self._adopt_message_id(ctx, str(getattr(message, "id", "")))
@@ -289,9 +290,7 @@ class V2GrpcFrontend(Frontend):
                     # Metrics and the access log wait for the next turn of the loop:
                     # grpc starts sending the answer as soon as this returns.
                     asyncio.get_running_loop().call_soon(finish_request, services, ctx)
-            code, message = codec.encode_error(failure)
-            record.status = code.name
-            record.fail(failure.kind.value, failure.message)
+            code, message = codec.recorded_error(failure, record)
             finish_request(services, ctx)
             await context.abort(code, message)
 
@@ -416,9 +415,7 @@ class V2GrpcFrontend(Frontend):
                     raise GatewayError(ErrorKind.OVERLOADED, f"the listener has {limit} open streams, its limit "
                                        "(limits.max_open_streams); retry later")
             except GatewayError as error:  # the stream is refused as a whole
-                code, message = codec.encode_error(error)
-                ctx.record.status = code.name
-                ctx.record.fail(error.kind.value, error.message)
+                code, message = codec.recorded_error(error, ctx.record)
                 finish_request(services, ctx)
                 await context.abort(code, message)
             open_streams = services.metrics.streams_open(self.listener.name, PROTOCOL)

@@ -92,8 +92,7 @@ class StreamHost(Protocol):
     dataplane: DataPlaneApi
     active: int  # requests in flight on the listener, streams' included
 
-    @property
-    def max_active(self) -> int: ...
+    def check_active(self) -> None: ...
 
     def stream_request_context(self, stream_ctx: RequestContext) -> RequestContext: ...
 
@@ -170,9 +169,7 @@ class StreamSession:
         frontend.active += 1
         state = _Request(ctx, services.budget.reserve())
         try:
-            if frontend.active > frontend.max_active:
-                raise GatewayError(ErrorKind.OVERLOADED, f"the listener is handling {frontend.max_active} "
-                                   "requests, its limit (limits.max_concurrent_requests); retry later")
+            frontend.check_active()
             state.reservation.grow(len(data))
             request, regions = await frontend.decode_request(data, ctx, state.reservation)
         except asyncio.CancelledError:
@@ -241,9 +238,7 @@ class StreamSession:
         else:
             log.error("unhandled error in a ModelStreamInfer request", exc_info=exc)
             error = GatewayError(ErrorKind.INTERNAL, "internal error")
-        code, message = codec.encode_error(error)
-        ctx.record.status = code.name
-        ctx.record.fail(error.kind.value, error.message)
+        _, message = codec.recorded_error(error, ctx.record)
         await self._send(stream_error(message, request))
 
     def _end(self, state: _Request, cancelled: bool) -> None:

@@ -25,11 +25,10 @@ from gateway.protocols.upstream import reading_reply
 from gateway.protocols.v2_grpc import codec, rawwire
 from gateway.protocols.v2_grpc import messages as pb
 from gateway.protocols.v2_grpc.errors import kind_of_upstream_code
+from gateway.protocols.v2_grpc.stream import FINAL_PARAMETER, INFER_RESPONSE_FIELD
 
 TRITON, MLSERVER, AUTO = "triton", "mlserver", "auto"
 FORMS = (AUTO, TRITON, MLSERVER)
-FINAL_PARAMETER = "triton_final_response"
-_INFER_RESPONSE_FIELD = 2
 
 
 def form_of_server(name: str) -> str:
@@ -44,7 +43,7 @@ def stream_part(data: bytes, form: str, upstream: str, max_elements: int) -> Str
         if form == MLSERVER:
             response, _ = codec.decode_infer_response_form(data, max_elements)
             return StreamedResponse(response, final=False)
-        head, entries = rawwire.split(data, _INFER_RESPONSE_FIELD)
+        head, entries = rawwire.split(data, INFER_RESPONSE_FIELD)
         try:
             error = pb.ModelStreamInferResponse.FromString(head).error_message if head else ""
         except DecodeError:
