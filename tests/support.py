@@ -108,6 +108,16 @@ class GatewayProcess:
         self.stop()
 
 
+
+class Clock:
+    """A monotonic clock a test moves by hand (``clock.now = ...``)."""
+
+    def __init__(self, now: float = 0.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
 def write_config(directory: Path, text: str, name: str = "gateway.yaml") -> Path:
     path = directory / name
     path.write_text(text)

@@ -34,14 +34,7 @@ from gateway.proxy import DataPlane
 from gateway.retry import backoff_delay, budget_allows, failure_reason
 from gateway.types import InferRequest, RequestContext, Tensor
 from peers.fake_upstream import FakeClient, FakeFleet
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from support import Clock
 
 
 def upstream(n: int = 2, **changes: Any) -> UpstreamConfig:
@@ -51,7 +44,7 @@ def upstream(n: int = 2, **changes: Any) -> UpstreamConfig:
 
 def cluster(n: int = 2, clock: Clock | None = None, seed: int = 0, **changes: Any) -> Cluster:
     return Cluster(upstream(n, **changes), None, Counters(), client_factory=FakeFleet(),
-                   clock=clock or Clock(), rng=random.Random(seed))
+                   clock=clock or Clock(1000.0), rng=random.Random(seed))
 
 
 def ports(c: Cluster, picks: int, key: str | None = None) -> list[int]:
@@ -68,7 +61,7 @@ def ports(c: Cluster, picks: int, key: str | None = None) -> list[int]:
 
 
 def test_round_robin_cycles_and_skips_ejected_endpoints() -> None:
-    clock = Clock()
+    clock = Clock(1000.0)
     c = cluster(3, clock, outlier_detection=OutlierDetection(consecutive_failures=1, max_ejection_percent=100))
     assert ports(c, 6) == [9000, 9001, 9002, 9000, 9001, 9002]
     lease = c.try_acquire()
@@ -97,7 +90,7 @@ def test_least_request_prefers_the_less_busy_endpoint() -> None:
 
 
 def test_consistent_hash_is_stable_and_moves_only_the_lost_keys() -> None:
-    clock = Clock()
+    clock = Clock(1000.0)
     c = cluster(4, clock, load_balancing=LoadBalancing("consistent_hash", "x-session"),
                 outlier_detection=OutlierDetection(consecutive_failures=1, max_ejection_percent=100))
     keys = [f"session-{i}" for i in range(2000)]
@@ -134,7 +127,7 @@ def test_ejection_time_grows_is_capped_and_decays() -> None:
 
 
 def test_consecutive_failures_eject_for_growing_times_then_readmit() -> None:
-    clock = Clock()
+    clock = Clock(1000.0)
     events: list[Event] = []
     c = cluster(2, clock, outlier_detection=OutlierDetection(3, base_ejection_time=10, max_ejection_time=25))
     c.counters.subscribe(events.append)
@@ -170,7 +163,7 @@ def test_consecutive_failures_eject_for_growing_times_then_readmit() -> None:
 
 
 def test_max_ejection_percent_keeps_part_of_the_cluster() -> None:
-    clock = Clock()
+    clock = Clock(1000.0)
     c = cluster(2, clock, outlier_detection=OutlierDetection(1, max_ejection_percent=50))
     for endpoint in c.endpoints:
         endpoint.in_flight += 1

@@ -21,7 +21,7 @@ from tritonclient.utils import InferenceServerException
 
 from gateway.affinity import SequencePins, sequence_step
 from gateway.config import SequenceAffinity
-from support import GatewayProcess, scrape_metrics, wait_for, write_config
+from support import Clock, GatewayProcess, scrape_metrics, wait_for, write_config
 
 EXAMPLES = Path(__file__).resolve().parent / "data" / "triton_examples"
 
@@ -54,14 +54,6 @@ routes:
 
 
 # --- the pin table ---------------------------------------------------------------------------------------
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
 
 def test_sequence_step_reads_triton_parameters() -> None:
     assert sequence_step({}) is None

@@ -16,7 +16,7 @@ from tritonclient.utils import InferenceServerException
 from gateway.builtin.sequences import DynaSequence, SequenceModel, SequenceSettings, StringDynaSequence
 from gateway.errors import ErrorKind, GatewayError
 from gateway.types import InferRequest, Tensor
-from support import GatewayProcess, write_config
+from support import Clock, GatewayProcess, write_config
 
 EXAMPLES = Path(__file__).resolve().parent / "data" / "triton_examples"
 
@@ -40,14 +40,6 @@ def _request(model: str, value: int, **parameters: object) -> InferRequest:
 
 def _run(model: SequenceModel, value: int, **parameters: object) -> int:
     return int(model.infer(_request(model.name, value, **parameters))[0].data[0, 0])
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 # --- the models, as Triton's examples define them ------------------------------------------------------
