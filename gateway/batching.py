@@ -302,8 +302,7 @@ class Batcher:
             for request in requests:  # the batch holds the rows now: the frontends may drop theirs
                 handover = request.handover
                 if handover is not None and not handover.dropped:
-                    handover.let_go()
-                    handover.dropped = True
+                    handover.drop()
         return InferRequest(first.model_name, first.model_version, batch_id, inputs, list(first.outputs),
                             dict(first.parameters))
 

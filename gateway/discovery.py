@@ -50,13 +50,13 @@ async def _system(name: str, port: int, family: str) -> list[str]:
     return [str(info[4][0]) for info in infos]
 
 
+_QUERY_TYPES = {"v4_only": (dnsclient.TYPE_A,), "v6_only": (dnsclient.TYPE_AAAA,)}
+
+
 async def _nameservers(name: str, dns: DnsDiscovery) -> list[str]:
     servers = tuple((a.host, a.port) for a in dns.nameservers)
-    if dns.family == "v4_only":
-        return await dnsclient.resolve(servers, name, (dnsclient.TYPE_A,), dns.timeout)
-    if dns.family == "v6_only":
-        return await dnsclient.resolve(servers, name, (dnsclient.TYPE_AAAA,), dns.timeout)
-    return await dnsclient.resolve(servers, name, (dnsclient.TYPE_A, dnsclient.TYPE_AAAA), dns.timeout)
+    qtypes = _QUERY_TYPES.get(dns.family, (dnsclient.TYPE_A, dnsclient.TYPE_AAAA))
+    return await dnsclient.resolve(servers, name, qtypes, dns.timeout)
 
 
 async def resolve(name: str, port: int, dns: DnsDiscovery) -> list[str]:

@@ -210,8 +210,9 @@ class Handover:
     # retry can use it.
     message: RawPayload | None = None
 
-    def drop(self, message: RawPayload) -> None:
-        """``message`` holds the tensors now: the frontend lets go of its copies."""
+    def drop(self, message: RawPayload | None = None) -> None:
+        """``message`` (or a batch, when None) holds the tensors now: the
+        frontend lets go of its copies."""
         self.message = message
         self.let_go()
         self.dropped = True
