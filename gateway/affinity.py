@@ -78,9 +78,6 @@ class SequencePins:
     def unpin(self, key: str) -> None:
         self._pins.pop(key, None)
 
-    def addresses(self) -> set[str]:
-        return {address for address, _ in self._pins.values()}
-
     def _expire(self, now: float) -> None:
         horizon = now - self.settings.idle_timeout
         while self._pins:

@@ -79,7 +79,7 @@ def test_pins_refresh_expire_and_stay_bounded() -> None:
     pins.pin("d", "e1")  # three pins, bound two: the least recently used (a) goes
     assert pins.endpoint_of("a") is None and len(pins) == 2
     pins.unpin("c")
-    assert pins.addresses() == {"e1"}
+    assert pins.endpoint_of("c") is None and pins.endpoint_of("d") == "e1" and len(pins) == 1
 
 
 # --- through real upstreams ----------------------------------------------------------------------------------
