@@ -284,9 +284,8 @@ class DataPlane:
                     lease.release(reason)
                     record.outcome = reason or error.kind.value
                     _log_failure(ctx, attempt, cluster.name, lease.endpoint.address, reason, error, exc)
-                    # Every upstream error leaves without addresses (an answer's own words, e.g.
-                    # a KServe transformer naming its predictor's URL, may hold one).
-                    error = _without_address(error, lease.endpoint.address)
+                    if reason is not None:  # a transport's words (an answer's, e.g. "unknown model", are kept)
+                        error = _without_address(error, lease.endpoint.address)
                 else:
                     lease.release(None)
                     if sequence is not None:

@@ -396,7 +396,8 @@ def test_decode_error_statuses() -> None:
     assert codec.decode_error(500, b'{"error": "boom"}', "u").kind is ErrorKind.UPSTREAM_BAD_RESPONSE
     assert codec.decode_error(503, b"", "u").kind is ErrorKind.UPSTREAM_UNAVAILABLE
     assert "boom" in codec.decode_error(500, b'{"error": "boom"}', "u").message
-    # Addresses in an answer's words are cut by the data plane for every protocol (tests/test_cluster.py).
+    hidden = codec.decode_error(503, b'{"error": "cannot reach http://10.1.2.3:8080/v1/models/m:predict"}', "u")
+    assert "10.1.2.3" not in hidden.message and "cannot reach" in hidden.message
 
 
 # --- the upstream's keys ---------------------------------------------------------------------

@@ -31,6 +31,7 @@ import orjson
 
 from gateway.errors import GatewayError, invalid, malformed
 from gateway.jsontext import python_loads
+from gateway.protocols.upstream import without_addresses
 from gateway.protocols.v1_rest.codec import BYTES_JSON
 from gateway.protocols.v1_rest.errors import kind_of_upstream_status
 from gateway.protocols.v1_rest.upstream_options import COLUMNAR, ROW
@@ -211,12 +212,13 @@ def _is_b64(value: dict[str, Any]) -> bool:
 
 
 def decode_error(status: int, body: bytes | bytearray, upstream: str) -> GatewayError:
-    """A V1 server's error answer (``{"error": "..."}``) as a gateway error
-    (the data plane cuts addresses from its words before a client sees them)."""
+    """A V1 server's error answer (``{"error": "..."}``) as a gateway error;
+    addresses in its words (a KServe transformer names its predictor's
+    URL) are cut: clients see the message."""
     try:
         obj = orjson.loads(body)
         message = str(obj.get("error", ""))[:512] if isinstance(obj, dict) else ""
     except orjson.JSONDecodeError:
         message = ""
-    detail = f"upstream '{upstream}' answered {status}" + (f": {message}" if message else "")
+    detail = f"upstream '{upstream}' answered {status}" + (f": {without_addresses(message)}" if message else "")
     return GatewayError(kind_of_upstream_status(status), detail)

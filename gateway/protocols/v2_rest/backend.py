@@ -47,6 +47,7 @@ from gateway.protocols.upstream import (
     parse_stream_relay,
     reading_reply,
     response_limit,
+    without_addresses,
 )
 from gateway.protocols.v2_rest import codec
 from gateway.protocols.v2_rest.flat import METADATA_TTL, encode_flat_request, flat_answer_items
@@ -313,7 +314,8 @@ class V2RestClient(UpstreamClient):
         (the model failed after the reply's status was sent)."""
         obj = codec.load_json_object(data, "a generate_stream event")
         if "error" in obj and not any(spec.name == "error" for spec in outputs):
-            words = str(obj["error"])[:512]  # addresses are cut by the data plane, as for every upstream error
+            # Mid-stream errors are not the proxy's to clean: addresses are cut here.
+            words = without_addresses(str(obj["error"])[:512], self.endpoint)
             raise GatewayError(ErrorKind.UPSTREAM_BAD_RESPONSE, f"upstream {self.label} sent an error event: {words}")
         items = flat_answer_items(obj, outputs)
         if not items:
@@ -334,7 +336,7 @@ class V2RestClient(UpstreamClient):
                                f"upstream {self.label} sent an unreadable event stream: {exc}") from None
         for event in events:
             if event.event == "error":
-                words = event.data[:512].decode("utf-8", "replace")
+                words = without_addresses(event.data[:512].decode("utf-8", "replace"), self.endpoint)
                 raise GatewayError(ErrorKind.UPSTREAM_BAD_RESPONSE, f"upstream {self.label} sent an error event: "
                                    f"{words}")
         return events
