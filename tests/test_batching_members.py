@@ -115,3 +115,20 @@ def test_a_failure_of_the_whole_batch_fails_every_member_saying_so(gateway: Gate
         message = answer.message() or ""
         assert answer.status() == "503", answer
         assert "the whole batch of 4 requests failed" in message and "127.0.0.1" not in message, message
+
+
+def test_a_member_the_model_refuses_by_its_declaration_never_joins_a_batch(gateway: GatewayProcess) -> None:
+    """The builtin model's declared inputs (names, datatypes, shapes) are
+    checked before a request joins: refused at once, no batch waits for it."""
+    calls_before = metric_value(scrape_metrics(gateway), "gateway_batch_size_count", route="strings")
+    item = httpclient.InferInput("INPUT0", [1, 16], "INT32")
+    item.set_data_from_numpy(np.arange(16, dtype=np.int32).reshape(1, 16), binary_data=False)
+    other = httpclient.InferInput("INPUT1", [1, 16], "INT32")
+    other.set_data_from_numpy(np.ones((1, 16), np.int32), binary_data=False)
+    started = time.monotonic()
+    with httpclient.InferenceServerClient(gateway.url("rest"), network_timeout=TIMEOUT) as rest, \
+            pytest.raises(InferenceServerException) as refused:
+        rest.infer("simple_string", [item, other])
+    assert time.monotonic() - started < DELAY_MS / 1000 / 2  # it waited for no batch
+    assert refused.value.status() == "400" and "must be BYTES" in (refused.value.message() or ""), refused.value
+    assert metric_value(scrape_metrics(gateway), "gateway_batch_size_count", route="strings") == calls_before

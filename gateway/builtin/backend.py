@@ -139,6 +139,9 @@ class BuiltinClient(UpstreamClient):
             raise model_not_found(name, version)
         return model
 
+    def check_request(self, request: InferRequest) -> None:
+        self._model(request.model_name, request.model_version).check_request(request)
+
     async def infer(self, request: InferRequest, ctx: RequestContext) -> InferResponse:
         model = self._model(request.model_name, request.model_version)
         if isinstance(model, DecoupledModel):
