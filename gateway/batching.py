@@ -10,6 +10,16 @@ preferred size) or when its oldest member has waited ``max_delay_ms``; the
 answer's outputs are split back along dim 0, in order. Requests that cannot
 join (no batch dimension, or more rows than ``max_batch_size``) go alone.
 
+One member must not fail the others. Members of a batch agree on input
+names, datatypes and every dimension but the first (the key), so a model's
+refusal of those is each member's own. What the gateway cannot check for
+every protocol (the first dimension, the values: a BYTES element that must
+read as a number) shows as the upstream refusing the batch's input
+(:data:`MEMBER_FAULTS`): each member is then sent alone, its own rows of the
+batch, and gets its own answer or refusal, so at most ``max_batch_size``
+more calls, what the members would have cost unbatched. Any other failure
+is the batch's: every member gets it, saying so.
+
 This module knows no protocol: it sees canonical requests and a ``send``
 function the data plane gives it (which runs the upstream call with the
 route's retries). Concatenating and splitting are numpy calls (slices are
@@ -33,7 +43,7 @@ import orjson
 from gateway.auth import AUTHORIZATION
 from gateway.budget import InflightBudget
 from gateway.config import BatchingConfig
-from gateway.errors import ErrorKind, GatewayError
+from gateway.errors import ErrorKind, GatewayError, bounded
 from gateway.observe import REQUEST_ID_HEADER, RequestRecord
 from gateway.offload import Offloader
 from gateway.routing import ALWAYS_FORWARDED
@@ -111,8 +121,13 @@ def split(response: InferResponse, rows: list[int]) -> list[list[Tensor]]:
             raise GatewayError(ErrorKind.UPSTREAM_BAD_RESPONSE,
                                f"the batched answer's output '{tensor.name}' has shape {shape}, not {total} rows "
                                "as the batch sent: it cannot be split (is the model row-independent?)")
+    return _shares(response.outputs, rows)
+
+
+def _shares(tensors: list[Tensor], rows: list[int]) -> list[list[Tensor]]:
+    """``tensors`` cut along dim 0 into ``rows``, as views."""
     shares: list[list[Tensor]] = [[] for _ in rows]
-    for tensor in response.outputs:
+    for tensor in tensors:
         start = 0
         for share, count in zip(shares, rows, strict=True):
             data = tensor.data[start:start + count]
@@ -120,6 +135,19 @@ def split(response: InferResponse, rows: list[int]) -> list[list[Tensor]]:
                                 dict(tensor.parameters)))
             start += count
     return shares
+
+
+# An upstream's refusal of a batch that one member's input may have caused
+# alone: its values, its rows, the size it adds.
+MEMBER_FAULTS = frozenset({ErrorKind.INVALID_INPUT, ErrorKind.MALFORMED_REQUEST, ErrorKind.TOO_LARGE})
+
+
+def batch_failed(exc: GatewayError, members: int) -> GatewayError:
+    """The batch's failure as each member is told it: the upstream's words
+    first (clients match their start), then that the whole batch failed."""
+    exc.message = bounded(f"{exc.message} (the whole batch of {members} requests failed)")
+    exc.args = (exc.message,)
+    return exc
 
 
 @dataclass(eq=False, slots=True)
@@ -268,7 +296,15 @@ class Batcher:
         held = self._budget.reserve() if self._budget is not None and len(members) > 1 else None
         try:
             request = await self._batch_request(members, batch_id, held)
-            response = await self._send(request, members)
+            try:
+                response = await self._send(request, members)
+            except GatewayError as exc:
+                if len(members) == 1:
+                    raise
+                if exc.kind not in MEMBER_FAULTS:
+                    raise batch_failed(exc, len(members)) from None
+                await self._each_alone(request, members)  # held until then: their rows are views of the batch
+                return
             shares = split(response, rows) if len(members) > 1 else []
         except asyncio.CancelledError:
             _settle(members, GatewayError(ErrorKind.UPSTREAM_UNAVAILABLE, "the batch was cancelled"))
@@ -287,6 +323,28 @@ class Batcher:
             if not member.future.done():  # else: its client left; its share is discarded
                 member.future.set_result(InferResponse(response.model_name, response.model_version, "", outputs,
                                                        dict(response.parameters)))
+
+    async def _each_alone(self, batch: InferRequest, members: list[Member]) -> None:
+        """Each member sent alone with its own rows of ``batch``: the upstream
+        refused the batch's input, and only a member's own call can tell
+        whose input it was."""
+        async def alone(member: Member, inputs: list[Tensor]) -> None:
+            if member.future.done():
+                return  # its client left
+            member.batch_id = new_batch_id()
+            self._observe(member.rows, [])
+            request = InferRequest(batch.model_name, batch.model_version, member.request.id, inputs,
+                                   list(batch.outputs), dict(batch.parameters))
+            try:
+                response = await self._send(request, [member])
+            except Exception as exc:
+                _settle([member], exc)
+            else:
+                if not member.future.done():
+                    member.future.set_result(response)
+
+        shares = _shares(batch.inputs, [m.rows for m in members])
+        await asyncio.gather(*(alone(m, inputs) for m, inputs in zip(members, shares, strict=True)))
 
     async def _batch_request(self, members: list[Member], batch_id: str, held: Any) -> InferRequest:
         first = members[0].request

@@ -482,6 +482,8 @@ class DataPlane:
                 offload=getattr(self._services, "offload", None), budget=getattr(self._services, "budget", None),
                 release_inputs=not route.config.mirror,
                 observe=lambda rows, waits: self.metrics.observe_batch(route.name, rows, waits))
+        if not route.config.split:  # what the upstream refuses without a call never joins a batch
+            generation.clusters[route.upstream].clients[0].check_request(request)
         configured = route.config.timeout
         if configured is None and not route.config.split:
             configured = generation.clusters[route.upstream].config.timeout

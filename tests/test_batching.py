@@ -38,9 +38,10 @@ def _request(rows: int, start: int = 0, *, dtype: str = "INT32", width: int = 3,
 class Upstream:
     """Answers each input X as X_OUT = a transform of its rows; notes each call."""
 
-    def __init__(self, fail: bool = False, delay: float = 0.0, rows_off: int = 0) -> None:
+    def __init__(self, fail: bool = False, delay: float = 0.0, rows_off: int = 0, refuse: int | None = None) -> None:
         self.calls: list[InferRequest] = []
         self.fail, self.delay, self.rows_off = fail, delay, rows_off
+        self.refuse = refuse  # a value the model refuses as invalid input wherever it is
         self.started = asyncio.Event()
 
     async def send(self, request: InferRequest, members: list[Member]) -> InferResponse:
@@ -50,6 +51,8 @@ class Upstream:
             await asyncio.sleep(self.delay)
         if self.fail:
             raise GatewayError(ErrorKind.UPSTREAM_BAD_RESPONSE, "the model failed")
+        if self.refuse is not None and any((t.data == self.refuse).any() for t in request.inputs):
+            raise GatewayError(ErrorKind.INVALID_INPUT, f"X holds {self.refuse}")
         outputs = [Tensor.from_numpy(f"{t.name}_OUT", _transform(t.data)[self.rows_off:], t.datatype)
                    for t in request.inputs]
         return InferResponse(request.model_name, outputs=outputs)
@@ -163,10 +166,24 @@ async def test_a_batch_of_one_gets_the_upstream_s_own_answer() -> None:
     assert await asyncio.wait_for(batcher.infer(alone, None), WAIT) is relayed
 
 
-async def test_a_failed_batch_fails_every_member() -> None:
+async def test_a_failed_batch_fails_every_member_saying_so() -> None:
     batcher = _batcher(Upstream(fail=True))
     responses = await _all(*(batcher.infer(_request(1, i), None) for i in range(5)))
-    assert all(isinstance(r, GatewayError) and r.kind is ErrorKind.UPSTREAM_BAD_RESPONSE for r in responses)
+    assert all(isinstance(r, GatewayError) and r.kind is ErrorKind.UPSTREAM_BAD_RESPONSE
+               and r.message == "the model failed (the whole batch of 5 requests failed)" for r in responses)
+
+
+async def test_a_member_the_model_refuses_is_refused_alone() -> None:
+    upstream = Upstream(refuse=301)  # in member 3's rows only (_request(1, 3): 300, 301, 302)
+    batcher = _batcher(upstream)
+    requests = [_request(1 + i % 2, i) for i in range(5)]
+    responses = await _all(*(batcher.infer(r, None) for r in requests))
+    for i, (request, response) in enumerate(zip(requests, responses, strict=True)):
+        if i == 3:
+            assert isinstance(response, GatewayError) and response.message == "X holds 301", response
+        else:
+            _check_own(request, response)
+    assert [c.inputs[0].shape[0] for c in upstream.calls] == [7, 1, 2, 1, 2, 1]  # the batch, then each alone
 
 
 async def test_an_answer_that_cannot_be_split_fails_every_member() -> None:

@@ -3,6 +3,7 @@ Triton's own sequence example clients, unmodified, against the gateway."""
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 from pathlib import Path
@@ -11,11 +12,17 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+import yaml
 from tritonclient.utils import InferenceServerException
 
+from gateway.budget import InflightBudget
 from gateway.builtin.sequences import DynaSequence, SequenceModel, SequenceSettings, StringDynaSequence
-from gateway.errors import ErrorKind, GatewayError
-from gateway.types import InferRequest, Tensor
+from gateway.config import parse_config
+from gateway.confignode import ConfigError
+from gateway.errors import ErrorKind, GatewayError, Saturated
+from gateway.proxy import DataPlane
+from gateway.services import GatewayServices
+from gateway.types import InferRequest, RequestContext, Tensor
 from support import Clock, GatewayProcess, write_config
 
 EXAMPLES = Path(__file__).resolve().parent / "data" / "triton_examples"
@@ -33,13 +40,9 @@ routes:
 """
 
 
-def _request(model: str, value: int, **parameters: object) -> InferRequest:
-    data = np.full((1, 1), value, dtype=np.int32)
+def _request(model: str, value: int, rows: int = 1, **parameters: object) -> InferRequest:
+    data = np.full((rows, 1), value, dtype=np.int32)
     return InferRequest(model, inputs=[Tensor.from_numpy("INPUT", data, "INT32")], parameters=dict(parameters))
-
-
-def _run(model: SequenceModel, value: int, **parameters: object) -> int:
-    return int(model.infer(_request(model.name, value, **parameters))[0].data[0, 0])
 
 
 # --- the models, as Triton's examples define them ------------------------------------------------------
@@ -121,6 +124,120 @@ def test_idle_sequences_expire_and_the_count_is_bounded() -> None:
 def test_an_end_id_that_does_not_fit_the_output_is_refused() -> None:
     with pytest.raises(GatewayError, match="does not fit"):
         _run(DynaSequence("simple_dyna_sequence"), 1, sequence_id=2**40, sequence_start=True)
+
+
+# --- the state: what the model needs, bounded and charged to the memory budget ---------------------------
+
+def test_a_sequence_keeps_only_what_its_model_needs_and_is_charged_for_it() -> None:
+    budget = InflightBudget(1 << 30)
+    simple = SequenceModel("simple_sequence", budget=budget)
+    simple.infer(_request("simple_sequence", 5, rows=100_000, sequence_id=1, sequence_start=True))
+    assert 0 < simple.held_bytes <= 1024  # no copy of the input: the answer needs none
+    running = StringDynaSequence("simple_string_dyna_sequence", budget=budget)
+    running.infer(_request("simple_string_dyna_sequence", 5, rows=100_000, sequence_id="1", sequence_start=True))
+    assert 800_000 <= running.held_bytes <= 800_000 + 1024  # the running sum, one int64 per row
+    assert budget.used == simple.held_bytes + running.held_bytes
+
+
+def test_state_is_given_back_on_end_restart_expiry_and_close() -> None:
+    clock, budget = Clock(), InflightBudget(1 << 30)
+    model = StringDynaSequence("simple_string_dyna_sequence", SequenceSettings(idle_seconds=10), clock, budget)
+    model.infer(_request(model.name, 1, rows=1000, sequence_id="1", sequence_start=True))
+    model.infer(_request(model.name, 1, rows=10, sequence_id="2", sequence_start=True))
+    large = budget.used
+    model.infer(_request(model.name, 1, rows=10, sequence_id="1", sequence_start=True))  # restarted smaller
+    assert budget.used == model.held_bytes < large - 7000
+    model.infer(_request(model.name, 1, rows=10, sequence_id="2", sequence_end=True))
+    assert budget.used == model.held_bytes > 0 and model.live_sequences() == 1
+    clock.now = 11
+    model.forget_idle()  # the backend's sweeper calls this: no request needed
+    assert budget.used == model.held_bytes == 0
+    model.infer(_request(model.name, 1, rows=10, sequence_id="3", sequence_start=True))
+    model.forget_all()  # the upstream closes (reload, shutdown)
+    assert budget.used == model.held_bytes == 0 and model.live_sequences() == 0
+
+
+def test_past_max_state_bytes_or_the_budget_a_step_is_refused_and_changes_nothing() -> None:
+    settings = SequenceSettings(max_state_bytes=64 << 10)
+    model = StringDynaSequence("simple_string_dyna_sequence", settings, budget=InflightBudget(1 << 30))
+    with pytest.raises(GatewayError, match="max_state_bytes") as alone:
+        _run(model, 1, rows=10_000, sequence_id="1", sequence_start=True)  # 80 KB: never fits
+    assert alone.value.kind is ErrorKind.TOO_LARGE
+    _run(model, 1, rows=4500, sequence_id="1", sequence_start=True)  # 36 KB: two do not fit
+    with pytest.raises(GatewayError, match="max_state_bytes") as together:
+        _run(model, 1, rows=4500, sequence_id="2", sequence_start=True)
+    assert together.value.kind is ErrorKind.OVERLOADED
+    with pytest.raises(GatewayError, match="START flag"):
+        _run(model, 1, sequence_id="2")  # the refused START opened nothing
+    assert _run(model, 2, rows=4500, sequence_id="1") == 3  # the live one steps on, same size
+
+    budget = InflightBudget(40_000)
+    model = StringDynaSequence("simple_string_dyna_sequence", budget=budget)
+    _run(model, 1, rows=4000, sequence_id="1", sequence_start=True)
+    with pytest.raises(Saturated, match="max_inflight_bytes"):
+        _run(model, 1, rows=1000, sequence_id="2", sequence_start=True)
+    with pytest.raises(Saturated):
+        _run(model, 5, rows=4500, sequence_id="1")  # a bigger state for "1": refused, its sum kept
+    assert _run(model, 1, rows=4000, sequence_id="1") == 2
+    assert budget.used == model.held_bytes
+
+
+def _run(model: SequenceModel, value: int, rows: int = 1, **parameters: object) -> int:
+    return int(model.infer(_request(model.name, value, rows, **parameters))[0].data[0, 0])
+
+
+def test_max_state_bytes_is_read_and_checked() -> None:
+    def upstream(sequences: str) -> dict[str, object]:
+        return yaml.safe_load(f"""
+listeners:
+  - {{name: rest, protocol: v2-rest, address: "127.0.0.1:0"}}
+upstreams:
+  - {{name: local, protocol: builtin, sequences: {sequences}}}
+routes:
+  - {{match: {{model: "*"}}, upstream: local}}
+""")
+
+    config = parse_config(upstream("{max_state_bytes: 8MiB}"))
+    assert config.upstreams[0].options.sequences.max_state_bytes == 8 << 20
+    with pytest.raises(ConfigError, match="max_state_bytes"):
+        parse_config(upstream("{max_state_bytes: 1KiB}"))
+    with pytest.raises(ConfigError, match="max_state_bytes"):
+        parse_config(upstream("{max_state_bytes: lots}"))
+
+
+async def test_closing_or_rebuilding_the_upstream_gives_its_state_back() -> None:
+    text = """
+listeners:
+  - {name: rest, protocol: v2-rest, address: "127.0.0.1:0"}
+upstreams:
+  - {name: local, protocol: builtin, sequences: {idle_timeout: %s}}
+routes:
+  - {match: {model: "*"}, upstream: local}
+"""
+    config = parse_config(yaml.safe_load(text % "60s"))
+    services = GatewayServices(config, config.server)
+    plane = DataPlane(config, services)
+    await plane.start()
+    try:
+        async def start(sequence: str) -> None:
+            request = _request("simple_string_dyna_sequence", 1, rows=1000, sequence_id=sequence,
+                               sequence_start=True)
+            await plane.infer(request, RequestContext("rest", "v2-rest"))
+
+        await start("1")
+        assert services.budget.used >= 8000
+        changed = parse_config(yaml.safe_load(text % "30s"))  # a new upstream: a new cluster, the old one closes
+        await plane.swap(changed, services)
+        for _ in range(100):
+            if services.budget.used == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert services.budget.used == 0
+        await start("2")
+        assert services.budget.used >= 8000
+    finally:
+        await plane.close()
+    assert services.budget.used == 0
 
 
 # --- through the gateway ---------------------------------------------------------------------------------

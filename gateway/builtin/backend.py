@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from gateway.budget import InflightBudget
 from gateway.builtin.decoupled import DecoupledModel, RepeatInt32, decoupled_refusal
 from gateway.builtin.gnn import GnnModel, GnnSettings, parse_gnn_settings
 from gateway.builtin.models import MODEL_VERSION, AddSub, BuiltinModel, Forward, Identity, Trig
 from gateway.builtin.sequences import (
     DEFAULT_IDLE_SECONDS,
     DEFAULT_MAX_SEQUENCES,
+    DEFAULT_MAX_STATE_BYTES,
     DynaSequence,
     SequenceModel,
     SequenceSettings,
@@ -30,10 +34,16 @@ from gateway.types import (
     RequestContext,
 )
 
+# The smallest sequences.max_state_bytes: a few sequences must fit.
+MIN_STATE_BYTES = 4096
+# Idle sequences are looked for (and give back their memory) every second,
+# or every quarter of the idle timeout when that is shorter.
+SWEEP_SECONDS = 1.0
 
-def default_models(gnn: GnnSettings | None = None,
-                   sequences: SequenceSettings | None = None) -> dict[str, BuiltinModel]:
-    """Every embedded model, by name."""
+
+def default_models(gnn: GnnSettings | None = None, sequences: SequenceSettings | None = None,
+                   budget: InflightBudget | None = None) -> dict[str, BuiltinModel]:
+    """Every embedded model, by name; the sequence models charge their state to ``budget``."""
     factories: list[Callable[[], BuiltinModel]] = [
         lambda: AddSub("simple", "INT32"),
         lambda: AddSub("simple_string", "BYTES"),
@@ -41,9 +51,9 @@ def default_models(gnn: GnnSettings | None = None,
         Forward,
         Trig,
         lambda: GnnModel(gnn or GnnSettings()),
-        lambda: SequenceModel("simple_sequence", sequences),
-        lambda: DynaSequence("simple_dyna_sequence", sequences),
-        lambda: StringDynaSequence("simple_string_dyna_sequence", sequences),
+        lambda: SequenceModel("simple_sequence", sequences, budget=budget),
+        lambda: DynaSequence("simple_dyna_sequence", sequences, budget=budget),
+        lambda: StringDynaSequence("simple_string_dyna_sequence", sequences, budget=budget),
         RepeatInt32,
     ]
     models = [make() for make in factories]
@@ -51,12 +61,15 @@ def default_models(gnn: GnnSettings | None = None,
 
 
 def parse_sequence_settings(node: Node) -> SequenceSettings:
-    """``sequences:`` of a builtin upstream: how long an idle sequence lives
-    and how many may be live per model."""
+    """``sequences:`` of a builtin upstream: how long an idle sequence lives,
+    how many may be live per model and how many bytes of state they hold."""
     if node.value is None:
         return SequenceSettings()
     settings = SequenceSettings(node.duration("idle_timeout", DEFAULT_IDLE_SECONDS),
-                                node.integer("max_sequences", DEFAULT_MAX_SEQUENCES, minimum=1))
+                                node.integer("max_sequences", DEFAULT_MAX_SEQUENCES, minimum=1),
+                                node.size("max_state_bytes", DEFAULT_MAX_STATE_BYTES))
+    if isinstance(settings.max_state_bytes, int) and settings.max_state_bytes < MIN_STATE_BYTES:
+        node.error(f"must be at least {MIN_STATE_BYTES}, got {settings.max_state_bytes}", "max_state_bytes")
     node.check_no_unknown_keys()
     return settings
 
@@ -90,8 +103,32 @@ class BuiltinClient(UpstreamClient):
         options = self.upstream.options
         if not isinstance(options, BuiltinOptions):
             options = BuiltinOptions(tuple(options or ()))
-        self.models = {name: model for name, model in default_models(options.gnn, options.sequences).items()
+        self.models = {name: model for name, model in
+                       default_models(options.gnn, options.sequences, self.services.budget).items()
                        if name in options.models}
+        self._sequences = [model for model in self.models.values() if isinstance(model, SequenceModel)]
+        self._sweep_seconds = max(0.05, min(SWEEP_SECONDS, options.sequences.idle_seconds / 4))
+        self._sweeper: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        if self._sequences:
+            self._sweeper = asyncio.create_task(self._sweep(), name=f"sequences of {self.upstream.name}")
+
+    async def _sweep(self) -> None:
+        """Idle sequences give back their memory without waiting for a request."""
+        while True:
+            await asyncio.sleep(self._sweep_seconds)
+            for model in self._sequences:
+                model.forget_idle()
+
+    async def close(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
+            self._sweeper = None
+        for model in self._sequences:
+            model.forget_all()  # state does not survive a reload that rebuilds the upstream
 
     def knows_model(self, model: str, version: str) -> bool | None:
         return model in self.models and version in ("", MODEL_VERSION)
@@ -101,6 +138,9 @@ class BuiltinClient(UpstreamClient):
         if model is None or version not in ("", MODEL_VERSION):
             raise model_not_found(name, version)
         return model
+
+    def check_request(self, request: InferRequest) -> None:
+        self._model(request.model_name, request.model_version).check_request(request)
 
     async def infer(self, request: InferRequest, ctx: RequestContext) -> InferResponse:
         model = self._model(request.model_name, request.model_version)

@@ -77,6 +77,9 @@ class GnnModel(BuiltinModel):
     def compute(self, inputs: dict[str, Tensor]) -> list[Tensor]:
         return self.predict(list(inputs.values()), NODE_TASKS[0])
 
+    def check_request(self, request: InferRequest) -> None:
+        """Its inputs are a graph's, checked by the task (:meth:`predict`)."""
+
     def infer(self, request: InferRequest) -> list[Tensor]:
         # The task is a request parameter (gml_task); node classification by default.
         return self.predict(request.inputs, request.parameters.get(TASK_PARAMETER, NODE_TASKS[0]))

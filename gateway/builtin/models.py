@@ -65,6 +65,11 @@ class BuiltinModel(abc.ABC):
                               f"{list(spec.shape)}, got {list(found.shape)}")
         return by_name
 
+    def check_request(self, request: InferRequest) -> None:
+        """What :meth:`infer` checks first, without computing: the declared
+        inputs (names, datatypes, shapes), values unread."""
+        self.check_inputs(request.inputs)
+
     @abc.abstractmethod
     def compute(self, inputs: dict[str, Tensor]) -> list[Tensor]: ...
 

@@ -203,6 +203,12 @@ class UpstreamClient(abc.ABC):
         "model not found" before it reads a body meant for no model."""
         return None
 
+    def check_request(self, request: InferRequest) -> None:  # noqa: B027 - optional hook
+        """Raise the error this upstream would answer ``request`` with, when
+        it can tell without a call or reading values (an in-process model's
+        declared inputs); the default cannot tell. Asked before a request
+        joins a batch, so that it never joins one it would fail."""
+
     async def list_models(self, ctx: RequestContext) -> list[str]:
         """Models this upstream can name itself; empty when it cannot list."""
         return []
