@@ -138,7 +138,7 @@ class Watch:
             self.probes.append(time.monotonic() - started)
             time.sleep(0.02)
 
-    def __str__(self) -> str:
+    def __repr__(self) -> str:
         return (f"{len(self.probes)} probes, {self.failures} failed, slowest {max(self.probes, default=0):.3f}s; "
                 f"RSS {self.baseline >> 20} -> peak {self.peak >> 20} MiB")
 
@@ -179,5 +179,23 @@ def test_a_running_gateway_refuses_the_bomb_on_every_reload_path(tmp_path: Path)
         gw.proc.send_signal(signal.SIGTERM)
         wait_for(lambda: gw.proc.poll() is not None, 10, "SIGTERM to stop the gateway")  # type: ignore[union-attr]
         assert gw.proc.returncode == 0, gw.log()
+    finally:
+        gw.stop()
+
+
+def test_reading_a_file_at_the_bounds_leaves_the_loop_free(tmp_path: Path) -> None:
+    """Just under the node bound, YAML takes seconds of pure Python to read:
+    a reload reads it off the event loop, so probes go on meanwhile."""
+    path = write_config(tmp_path, CONFIG)
+    gw = GatewayProcess(path, tmp_path / "gateway.log").start()
+    try:
+        watch = Watch(gw)
+        big = tmp_path / "big.yaml"  # refused at the end (an unknown key), after the whole read
+        big.write_text(CONFIG + "x-padding:\n" + "  - 1\n" * (MAX_NODES - 100))
+        big.replace(path)
+        watch.until(lambda: _failures(gw) >= 1, 120, "the reload of the big file to be refused")
+        assert "x-padding: unknown key" in admin_call(gw, "/reload")[1]["last_error"]
+        assert watch.failures == 0 and max(watch.probes) < PROBE_BOUND, watch
+        assert _infer_status(gw) == 200
     finally:
         gw.stop()
