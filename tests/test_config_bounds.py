@@ -54,6 +54,14 @@ def test_the_bomb_is_small_and_refused_at_its_first_excess(tmp_path: Path) -> No
     assert problems[0].startswith("line 5, column ")  # where the count went past the bound
 
 
+def test_a_merge_key_bomb_is_refused(tmp_path: Path) -> None:
+    """Aliases under merge keys (``<<``) count as the copies they stand for too."""
+    text = "x-a: &a {k0: 0, k1: 1, k2: 2, k3: 3, k4: 4, k5: 5, k6: 6, k7: 7, k8: 8, k9: 9}\n" + "".join(
+        f"x-{b}: &{b} {{<<: [{','.join([f'*{a}'] * 10)}]}}\n" for a, b in zip("abcdef", "bcdefg", strict=True))
+    problems = _problems(write_config(tmp_path, text))
+    assert len(problems) == 1 and EXPANDS in problems[0], problems
+
+
 def test_an_alias_inside_its_own_anchor_is_refused(tmp_path: Path) -> None:
     problems = _problems(write_config(tmp_path, "routes: &loop\n  - upstream: a\n    x: *loop\n"))
     assert problems == ["line 3, column 8: refused: alias *loop refers to a node that contains it"]
