@@ -17,7 +17,7 @@ from typing import Any
 
 from gateway.auth import CredentialConfig, SecretRef, parse_credential_config, parse_secret_ref
 from gateway.confignode import ConfigError, EnvText, Node, expand_env, is_single_env_ref, type_scalar
-from gateway.configyaml import load_yaml
+from gateway.configyaml import load_yaml, read_config_text
 from gateway.extensions import DEFAULT_EXTENSIONS, GATEWAY_EXTENSIONS
 from gateway.extensions.labels import ClassificationConfig, parse_classification
 from gateway.tls import CLIENT_AUTH_MODES, ListenerTls, UpstreamTls, parse_listener_tls, parse_upstream_tls
@@ -1125,10 +1125,7 @@ def load_config(path: str | Path | None = None) -> GatewayConfig:
         source = "<embedded default>"
         base_dir = Path(str(package))  # the embedded config names package files
     else:
-        try:
-            text = Path(path).read_text()
-        except OSError as exc:
-            raise ConfigError([f"<file>: cannot read {path}: {exc.strerror}"]) from None
+        text = read_config_text(path)
         source = str(path)
         base_dir = Path(path).resolve().parent
     return parse_config(load_yaml(text), source, base_dir)

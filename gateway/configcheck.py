@@ -8,7 +8,6 @@ import json
 import re
 import sys
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 import yaml
@@ -16,6 +15,7 @@ import yaml
 from gateway import fdlimit
 from gateway.config import DEFAULT_CONFIG_RESOURCE, GatewayConfig, load_config, starvation_warnings
 from gateway.confignode import ConfigError
+from gateway.configyaml import compose_yaml, read_config_text
 from gateway.routing import shadow_warnings
 
 # "routes[2].match.model: message" (confignode.Node.error); other texts have no path.
@@ -34,10 +34,7 @@ class Finding:
 def yaml_line(text: str, path: str) -> int | None:
     """The line of ``path`` in the YAML ``text``; for a key that is missing
     (``is required``), the line of its nearest parent that is there."""
-    try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.YAMLError:
-        return None
+    node = compose_yaml(text)
     if node is None:
         return None
     line = node.start_mark.line + 1
@@ -74,8 +71,8 @@ def _source_text(path: str | None) -> str | None:
     try:
         if path is None:
             return importlib.resources.files("gateway").joinpath(DEFAULT_CONFIG_RESOURCE).read_text()
-        return Path(path).read_text()
-    except OSError:
+        return read_config_text(path)
+    except (OSError, ConfigError):
         return None
 
 

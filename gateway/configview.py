@@ -1,4 +1,5 @@
-"""The effective configuration as JSON, with secrets redacted (``/config``).
+"""The effective configuration as JSON, with secrets redacted (``/config``;
+the route table, ``/routes`` and ``gateway routes``, follows the same rule).
 
 Redaction is by key name: the value of any key whose name contains one of
 :data:`SECRET_WORDS` (``token``, ``password``, ``secret``, ``key``, ...) is
@@ -26,6 +27,12 @@ def is_secret_key(name: str) -> bool:
     return _SECRET.search(name) is not None
 
 
+def redacted(name: str, value: Any) -> Any:
+    """``value``, or :data:`REDACTED` when ``name`` names a secret and a value
+    is set: the one rule of ``/config``, ``/routes`` and ``gateway routes``."""
+    return REDACTED if is_secret_key(name) and value not in (None, "") else value
+
+
 def _plain(value: Any) -> Any:
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
@@ -47,8 +54,7 @@ def _plain(value: Any) -> Any:
 
 
 def _mapping(items: Mapping[Any, Any]) -> dict[str, Any]:
-    return {str(k): (REDACTED if is_secret_key(str(k)) and v not in (None, "") else _plain(v))
-            for k, v in items.items()}
+    return {str(k): _plain(redacted(str(k), v)) for k, v in items.items()}
 
 
 def effective_config(config: GatewayConfig) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gateway.config import GatewayConfig, RouteConfig, RouteMatch, StringMatch
+from gateway.configview import redacted
 from gateway.hashing import stable_hash
 from gateway.protocols import registry
 
@@ -120,7 +121,7 @@ class Route:
             parts.append(f"listener={m.listener}")
         if m.protocol:
             parts.append(f"protocol={m.protocol}")
-        parts += [f"header[{name}]={h.describe()}" for name, h in m.headers]
+        parts += [f"header[{name}]={redacted(name, h.describe())}" for name, h in m.headers]
         c = self.config
         if c.split:
             action = "-> " + ", ".join(f"{w.upstream} {w.weight}%" for w in c.split)

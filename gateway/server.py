@@ -197,7 +197,10 @@ class Gateway:
             if self.dataplane.draining:
                 return self._reload_failed(source, ["<reload>: the gateway is shutting down"])
             try:
-                config = self._prepare(load_config(self.config_path))
+                # Reading YAML is pure Python, up to seconds for a file at the
+                # bounds of gateway/configyaml.py: off the loop, as a body is.
+                offload = self.services.offload
+                config = self._prepare(await offload.run(offload.min_bytes, load_config, self.config_path))
                 problems = restart_needed(self.config, config) or listener_tls_problems(config)
                 if problems:
                     raise ConfigError(problems)

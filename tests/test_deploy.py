@@ -27,8 +27,8 @@ from prometheus_client import CollectorRegistry
 
 from gateway.config import GatewayConfig, parse_config
 from gateway.confignode import ConfigError
+from gateway.configyaml import load_yaml
 from gateway.metrics import GatewayMetrics
-from gateway.protocols import registry
 from peers.prometheus import promtool
 from support import REPO
 
@@ -112,29 +112,31 @@ def gateway_container(directory: str) -> dict[str, Any]:
     return next(c for c in containers if c["name"] == "gateway")
 
 
-def gateway_config(directory: str) -> GatewayConfig:
-    """The ConfigMap's gateway.yaml, parsed by the gateway itself.
+def config_text(documents: list[dict[str, Any]]) -> str:
+    """The gateway.yaml a rendered overlay's ConfigMap carries."""
+    (config_map,) = [doc for doc in documents if doc["kind"] == "ConfigMap"]
+    return config_map["data"]["gateway.yaml"]  # type: ignore[no-any-return]
 
-    Protocols built in parallel (v2-grpc) are not yet in every branch's
-    registry: only "unknown protocol" problems naming such a protocol are
-    tolerated, and only while the registry lacks it; the config is then
-    checked without those parts.
-    """
-    (config_map,) = objects(directory, "ConfigMap")
-    data = yaml.safe_load(config_map["data"]["gateway.yaml"])
-    try:
-        return parse_config(data, f"overlays/{directory}/gateway.yaml")
-    except ConfigError as exc:
-        known = {side: set(registry.names(side)) for side in ("frontend", "backend")}
-        for problem in exc.problems:
-            match = re.search(r"unknown (frontend|backend) protocol '([\w-]+)'", problem)
-            assert match and match.group(2) not in known[match.group(1)], problem
-        data["listeners"] = [x for x in data["listeners"] if x["protocol"] in known["frontend"]]
-        for upstream in data["upstreams"]:
-            if upstream["protocol"] not in known["backend"]:
-                upstream["protocol"] = "builtin"
-                upstream.pop("endpoints")
-        return parse_config(data)
+
+def parse_overlay_config(documents: list[dict[str, Any]], overlay: str) -> GatewayConfig:
+    """What the pods load, read by the gateway's own YAML loader and config
+    parser: any problem (an unknown protocol, a misspelt key) is an error."""
+    return parse_config(load_yaml(config_text(documents)), f"overlays/{overlay}/gateway.yaml",
+                        KUBERNETES / "overlays" / overlay)
+
+
+def gateway_config(overlay: str) -> GatewayConfig:
+    return parse_overlay_config(rendered(overlay), overlay)
+
+
+def kustomize_edited(overlay: str, tmp_path: Path, old: str, new: str) -> list[dict[str, Any]]:
+    """The overlay rendered from a copy whose gateway.yaml has ``old`` replaced by ``new``."""
+    copy_of = tmp_path / "kubernetes"
+    shutil.copytree(KUBERNETES, copy_of)
+    config = copy_of / "overlays" / overlay / "gateway.yaml"
+    assert old in config.read_text()
+    config.write_text(config.read_text().replace(old, new))
+    return kustomize(copy_of / "overlays" / overlay)
 
 
 # --- Kubernetes ---------------------------------------------------------------
@@ -187,12 +189,22 @@ def test_a_config_change_rolls_the_pods(overlay: str, tmp_path: Path) -> None:
         return config_map["metadata"]["name"]  # type: ignore[no-any-return]
 
     before = mounted(rendered(overlay))
-    copy_of = tmp_path / "kubernetes"
-    shutil.copytree(KUBERNETES, copy_of)
-    config = copy_of / "overlays" / overlay / "gateway.yaml"
-    config.write_text(config.read_text().replace("timeout: 25s", "timeout: 20s"))
-    after = mounted(kustomize(copy_of / "overlays" / overlay))
+    after = mounted(kustomize_edited(overlay, tmp_path, "timeout: 25s", "timeout: 20s"))
     assert before != after and before.rsplit("-", 1)[0] == after.rsplit("-", 1)[0]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+@pytest.mark.parametrize(("old", "new", "problem"), [
+    ("protocol: v2-grpc", "protocol: v2-grcp", "unknown backend protocol 'v2-grcp'"),
+    ("protocol: v2-rest", "protocol: v2-rset", "unknown frontend protocol 'v2-rset'"),
+    ("timeout: 25s", "timeuot: 25s", "drain.timeuot: unknown key"),
+])
+def test_a_mistake_in_an_overlay_config_fails(overlay: str, old: str, new: str, problem: str,
+                                              tmp_path: Path) -> None:
+    """The rendered config is parsed strictly: a typo fails every test that reads it."""
+    with pytest.raises(ConfigError) as info:
+        parse_overlay_config(kustomize_edited(overlay, tmp_path, old, new), overlay)
+    assert any(problem in line for line in info.value.problems), info.value.problems
 
 
 def test_sidecar_is_a_native_sidecar_fronting_the_model_server() -> None:
@@ -201,10 +213,11 @@ def test_sidecar_is_a_native_sidecar_fronting_the_model_server() -> None:
     assert gateway["restartPolicy"] == "Always"
     config = gateway_config("sidecar")
     model_ports = {p["containerPort"] for c in spec["containers"] for p in c["ports"]}
-    for upstream in yaml.safe_load(objects("sidecar", "ConfigMap")[0]["data"]["gateway.yaml"])["upstreams"]:
-        for endpoint in upstream["endpoints"]:
-            host, port = endpoint.rsplit(":", 1)
-            assert host == "127.0.0.1" and int(port) in model_ports  # same pod, over loopback
+    assert config.upstreams
+    for upstream in config.upstreams:
+        assert upstream.endpoints
+        for endpoint in upstream.endpoints:  # same pod, over loopback
+            assert endpoint.host == "127.0.0.1" and endpoint.port in model_ports
     (service,) = objects("sidecar", "Service")
     gateway_port_names = {p["name"] for p in gateway["ports"]}
     assert {p["targetPort"] for p in service["spec"]["ports"]} <= gateway_port_names
@@ -216,9 +229,9 @@ def test_ports_probes_and_drain_budget_agree_with_the_config(directory: str) -> 
     config = gateway_config(directory)
     container = gateway_container(directory)
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-    raw = yaml.safe_load(objects(directory, "ConfigMap")[0]["data"]["gateway.yaml"])
-    for listener in raw["listeners"]:
-        assert int(listener["address"].rsplit(":", 1)[1]) in ports.values(), listener
+    assert config.listeners
+    for listener in config.listeners:
+        assert listener.address.port in ports.values(), listener
     assert config.admin.address is not None and config.admin.address.host == "0.0.0.0"
     admin_port = config.admin.address.port
 
@@ -233,7 +246,7 @@ def test_ports_probes_and_drain_budget_agree_with_the_config(directory: str) -> 
     assert port_of(container["livenessProbe"]) == port_of(container["readinessProbe"]) == admin_port
     startup = container["startupProbe"]
     if "grpc" in startup:  # the gRPC health service lives on a v2-grpc listener
-        grpc_ports = [int(x["address"].rsplit(":", 1)[1]) for x in raw["listeners"] if x["protocol"] == "v2-grpc"]
+        grpc_ports = [x.address.port for x in config.listeners if x.protocol == "v2-grpc"]
         assert port_of(startup) in grpc_ports
     pod = pod_spec(directory)
     annotations = objects(directory, "Deployment")[0]["spec"]["template"]["metadata"]["annotations"]
@@ -254,7 +267,8 @@ def test_admin_port_is_scraped_but_not_exposed(overlay: str) -> None:
     """Prometheus scrapes each pod's admin port (PodMonitor); no Service
     exposes it; the NetworkPolicy admits it from the monitoring namespace
     only and the listener ports from anywhere."""
-    admin = gateway_config(overlay).admin.address
+    config = gateway_config(overlay)
+    admin = config.admin.address
     assert admin is not None
     container_ports = {p["name"]: p["containerPort"] for p in gateway_container(overlay)["ports"]}
     (admin_name,) = [name for name, port in container_ports.items() if port == admin.port]
@@ -283,8 +297,7 @@ def test_admin_port_is_scraped_but_not_exposed(overlay: str) -> None:
         else:
             from_anywhere |= names
     assert restricted == {admin_name} and admin_name not in from_anywhere
-    raw = yaml.safe_load(objects(overlay, "ConfigMap")[0]["data"]["gateway.yaml"])
-    listener_ports = {int(x["address"].rsplit(":", 1)[1]) for x in raw["listeners"]}
+    listener_ports = {x.address.port for x in config.listeners}
     assert {container_ports[name] for name in from_anywhere if name in container_ports} == listener_ports
 
 
