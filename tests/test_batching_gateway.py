@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import socket
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -126,17 +127,22 @@ def _rows_per_call(mlserver: MLServerPeer, since: int) -> list[int]:
 def test_64_concurrent_clients_each_get_their_own_rows(gateway: GatewayProcess, mlserver: MLServerPeer,
                                                        model: str) -> None:
     before = len(mlserver.calls("rows_5ms"))
+    sent = {i * 10 + n: _array(i * 10 + n, rows=1 + (i + n) % 2) for i in range(CLIENTS) for n in range(3)}
 
     def client(i: int) -> None:
         for n in range(3):
-            array = _array(i * 10 + n, rows=1 + (i + n) % 2)
+            array = sent[i * 10 + n]
             out = _call(gateway, WAYS[(i + n) % 3], model, array)
             np.testing.assert_array_equal(out, _expected(array))
 
     _run_clients(client)
-    rows = _rows_per_call(mlserver, before)
-    assert sum(rows) >= CLIENTS * 3 * 1.5 - 1  # every row went up once ...
-    assert max(rows) > 2 and max(rows) <= 32  # ... in batches (JSON, binary and gRPC clients apart)
+    calls = mlserver.calls("rows_5ms")[before:]
+    rows = [int(call["rows"]) for call in calls]
+    assert sum(rows) == sum(len(array) for array in sent.values())  # every row went up ...
+    # ... exactly once: each row's first number names its client and request.
+    went_up = Counter(first for call in calls for first in call["firsts"])
+    assert went_up == Counter(int(row[0]) for array in sent.values() for row in array)
+    assert max(rows) > 2 and max(rows) <= 32  # in batches (JSON, binary and gRPC clients apart)
 
 
 def test_mixed_shapes_and_datatypes_interleaved_are_all_correct(gateway: GatewayProcess) -> None:
