@@ -277,7 +277,7 @@ def test_a_busy_mirror_drops_its_copy_and_metadata_is_never_mirrored(tmp_path: P
     protocol: echo
     endpoints: ["{shadow.address}"]
     timeout: 20s
-    circuit_breaker: {{max_requests: 1, max_pending: 0}}
+    circuit_breaker: {{max_requests: 1, max_pending: 8}}  # requests could wait in line: copies must not
 routes: [{{match: {{model: "*"}}, upstream: main, mirror: [{{upstream: shadow}}]}}]
 """
     with echo_gateway(tmp_path, config) as gw:
