@@ -1,8 +1,9 @@
 """Streaming upstreams, over real sockets: tritonclient.grpc streams (sync
 and aio) -> gateway -> MLServer 1.7's ModelStreamInfer (its own message
-form), MLServer's REST ``infer_stream`` (server-sent events), and another
-gateway's ModelStreamInfer (Triton's form, serving the builtin decoupled
-``repeat_int32``); errors mid-stream, a cancel that reaches the upstream,
+form), MLServer's REST ``infer_stream`` (server-sent events), and a second copy
+of this gateway's ModelStreamInfer (Triton's form, serving the builtin
+decoupled ``repeat_int32``; it stands in for Triton, which does not run
+here); errors mid-stream, a cancel that reaches the upstream,
 and a slow reader that slows the upstream."""
 
 from __future__ import annotations
@@ -50,7 +51,8 @@ routes:
 
 @pytest.fixture(scope="module")
 def peer_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
-    """A second gateway: a Triton-form ModelStreamInfer server (builtin repeat_int32, simple)."""
+    """A second copy of this gateway as a Triton-form ModelStreamInfer server
+    (builtin repeat_int32, simple): no Triton server runs here."""
     directory = tmp_path_factory.mktemp("stream-peer")
     with GatewayProcess(write_config(directory, PEER_CONFIG), directory / "gateway.log") as gw:
         yield gw
@@ -290,11 +292,11 @@ def test_unary_rest_upstream_answers_once_final(gateway: GatewayProcess) -> None
 
 
 def test_triton_form_peer(gateway: GatewayProcess, peer_gateway: GatewayProcess) -> None:
-    """Another gateway's ModelStreamInfer speaks Triton's form: the
-    decoupled model's responses come through unflagged, then the empty
-    final one the client asked of this gateway; a unary model's one
-    response keeps the peer's final flag; the peer's error comes back as
-    the request's error."""
+    """A second copy of this gateway (standing in for Triton) speaks
+    Triton's form on ModelStreamInfer: the decoupled model's responses come
+    through unflagged, then the empty final one the client asked of this
+    gateway; a unary model's one response keeps the peer's final flag; the
+    peer's error comes back as the request's error."""
     stream = Stream(gateway.url("grpc"))
     try:
         stream.client.async_stream_infer("repeat_int32", repeat_inputs([7, 8, 9], delay_ms=20), request_id="rep",
@@ -350,6 +352,7 @@ def test_cancel_mid_stream_reaches_the_upstream(gateway: GatewayProcess, mlserve
 
 
 def test_cancel_reaches_a_triton_form_peer(gateway: GatewayProcess, peer_gateway: GatewayProcess) -> None:
+    """The peer is a second copy of this gateway (standing in for Triton): its metrics show the cancel."""
     def cancelled() -> float:
         return metric_value(scrape_metrics(peer_gateway), "gateway_requests_total", operation="stream_infer",
                             outcome="cancelled")
