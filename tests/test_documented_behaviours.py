@@ -64,9 +64,7 @@ listeners: [{name: rest, protocol: v2-rest, address: "127.0.0.1:0"}]
 
 @pytest.fixture
 def echoes(tmp_path: Path) -> Iterator[dict[str, EchoServer]]:
-    servers = {"A": EchoServer("A", tmp_path), "B": EchoServer("B", tmp_path),
-               "SHADOW": EchoServer("SHADOW", tmp_path, delay=10.0)}  # each copy holds the shadow 10 s
-    with EchoServer.running(servers):
+    with EchoServer.running({"A": EchoServer("A", tmp_path), "B": EchoServer("B", tmp_path)}) as servers:
         yield servers
 
 
@@ -268,9 +266,16 @@ routes: [{{match: {{model: "*"}}, upstream: pair}}]
 # --- mirrors -------------------------------------------------------------------------
 
 
+@pytest.fixture
+def with_shadow(tmp_path: Path) -> Iterator[dict[str, EchoServer]]:
+    servers = {"A": EchoServer("A", tmp_path), "SHADOW": EchoServer("SHADOW", tmp_path, delay=10.0)}
+    with EchoServer.running(servers):  # each copy holds the shadow 10 s
+        yield servers
+
+
 def test_a_busy_mirror_drops_its_copy_and_metadata_is_never_mirrored(tmp_path: Path,
-                                                                    echoes: dict[str, EchoServer]) -> None:
-    a, shadow = echoes["A"], echoes["SHADOW"]
+                                                                    with_shadow: dict[str, EchoServer]) -> None:
+    a, shadow = with_shadow["A"], with_shadow["SHADOW"]
     config = ECHO_LISTENER + f"""upstreams:
   - {{name: main, protocol: echo, endpoints: ["{a.address}"]}}
   - name: shadow
