@@ -1,10 +1,11 @@
 """The V2 REST upstream's ``streaming: generate_stream`` (Triton's flat
-generate object both ways), over real sockets: a second gateway serving the
-builtin models with its V2 REST listener is the Triton-form generate_stream
-peer. tritonclient.grpc streams and a raw SSE client go through the front
-gateway to it; values, datatypes and shapes come back as the model made
-them; an error event mid-stream and an unknown model reach the client in
-its own form."""
+generate object both ways), over real sockets: a second copy of this
+gateway serving the builtin models with its V2 REST listener is the
+Triton-form generate_stream peer (no Triton server runs here).
+tritonclient.grpc streams and a raw SSE client go through the front gateway
+to it; values, datatypes and shapes come back as the model made them; an
+error event mid-stream and an unknown model reach the client in its own
+form."""
 
 from __future__ import annotations
 
@@ -44,6 +45,7 @@ ROW = list(range(16))
 
 @pytest.fixture(scope="module")
 def back(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    """A second copy of this gateway, standing in for Triton's generate_stream."""
     directory = tmp_path_factory.mktemp("generate-back")
     with GatewayProcess(write_config(directory, BACK_CONFIG), directory / "gateway.log") as gw:
         yield gw

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -491,18 +490,14 @@ def test_unknown_route_option_keys_are_errors() -> None:
     assert caught.value.problems == ["routes[0].options.graphstorm.graph_shema: unknown key"]
 
 
-# --- speed ---------------------------------------------------------------------------------------------
+# --- a large payload (its speed: bench/graphstorm_payload.py) ----------------------------------------
 
 
-def test_large_payload_decodes_quickly() -> None:
+def test_large_payload_decodes_whole() -> None:
     body = orjson.dumps(large_movielens())
-    started = time.perf_counter()
     invocation = decode(body)
     tensors = invocation.graph.to_tensors()
-    elapsed = time.perf_counter() - started
     sizes = {t.name: t.shape for t in tensors}
     assert sizes["node/user/ids"] == (5000,) and sizes["node/movie/feature/title"] == (5000, 1)
     assert sizes["edge/user/rating/movie/index"] == (2, 25000)
     assert uid(body) == codec.request_uid(body)
-    # Measured ~0.1 s on the 2-core dev machine; the bound leaves room for a loaded CI.
-    assert elapsed < 2.0, f"decoding {len(body)} bytes took {elapsed:.2f}s"

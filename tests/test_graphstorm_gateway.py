@@ -206,9 +206,8 @@ def test_large_payload_end_to_end(gateway: GatewayProcess, http: requests.Sessio
         assert answer["status_code"] == 200, answer["error"]
     assert len(answer["data"]["results"]) == 100
     assert answer["request_uid"] == uid(body)
+    # Printed for bench/graphstorm_payload.py's readers (pytest -s); speed is not asserted here.
     print(f"\n10k nodes / 50k edges ({len(body) / 1e6:.1f} MB): end to end {min(timings):.3f}s best of 3")
-    # Measured ~0.4 s on the 2-core dev machine; the bound leaves room for a loaded CI.
-    assert min(timings) < 5.0
 
 
 # --- the graphstorm upstream (stand-in endpoint) ------------------------------------------------------

@@ -5,7 +5,6 @@ translation, a mirror to MLServer's REST side, and big raw tensors."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 
 import grpc
@@ -139,9 +138,7 @@ def test_16_mib_raw_tensor(gateway: GatewayProcess) -> None:
     with grpcclient.InferenceServerClient(gateway.url("grpc")) as client:
         item = grpcclient.InferInput("INPUT0", list(array.shape), "FP32")
         item.set_data_from_numpy(array)
-        started = time.monotonic()
         out = client.infer("identity_fp32", [item], client_timeout=120).as_numpy("OUTPUT0")
-    assert time.monotonic() - started < 120
     np.testing.assert_array_equal(out, array)
 
 

@@ -12,6 +12,7 @@ side.
 from __future__ import annotations
 
 import json
+import select
 import socket
 import threading
 import time
@@ -301,11 +302,10 @@ def test_a_slow_upstream_holds_only_its_own_connection(gateway: GatewayProcess) 
         time.sleep(0.1)
         reader = Reader(other)
         for _ in range(5):
-            before = time.monotonic()
             other.sendall(infer())
             status, _, body = reader.response()
             assert status == 200 and outputs(body) == [1, 2]
-            assert time.monotonic() - before < 0.5
+        assert not select.select([held], [], [], 0)[0], "the other connection waited for the slow one"
         held_reader = Reader(held)
         status, headers, body = held_reader.response()
         waited = time.monotonic() - started
@@ -335,11 +335,9 @@ def test_a_client_that_never_reads_its_answers_stops_being_served(gateway: Gatew
         time.sleep(1)
         assert answered() - stalled_at < 50, "the gateway kept answering a client that reads nothing"
         assert stalled_at - before < count // 2
-        with connect(gateway.ports["probe"]) as probe:
-            started = time.monotonic()
+        with connect(gateway.ports["probe"]) as probe:  # answered meanwhile (bounded by its socket timeout)
             probe.sendall(LIVE)
             assert Reader(probe).response()[0] == 200
-            assert time.monotonic() - started < 0.5
     finally:
         greedy.close()
         sender.join(10)

@@ -302,9 +302,7 @@ def test_a_client_that_hangs_up_ends_the_upstream_call(gateway: GatewayProcess) 
         assert b'"OUT":1' in received
         assert in_flight(gateway) == (1.0, 1.0)
     # Well before the second response was due (8 s): the call was cancelled.
-    started = time.monotonic()
     wait_for(lambda: in_flight(gateway) == (0.0, 0.0), 5, "the request to end with its client")
-    assert time.monotonic() - started < 5
     wait_for(lambda: cancelled() == before + 1, 5, "the request to be counted as cancelled")
 
 

@@ -1,11 +1,12 @@
 """The v2-rest upstream's choice of binary or JSON tensors.
 
 `binary: auto` learns it from the server's metadata (checked against a
-second gateway, a real server listing `binary_tensor_data`; MLServer, which
-lists no extensions, is covered in test_grpc_bridging.py) or, when the
-metadata cannot be read, from a rejected binary attempt. No real server
-here hides its metadata, so that case uses a small stand-in that behaves
-like MLServer on infer (422 for binary) and 404s `GET /v2`.
+second copy of this gateway, which lists `binary_tensor_data` as Triton
+does: no Triton server runs here; MLServer, which lists no extensions, is
+covered in test_grpc_bridging.py) or, when the metadata cannot be read, from
+a rejected binary attempt. No real server here hides its metadata, so that
+case uses a small stand-in that behaves like MLServer on infer (422 for
+binary) and 404s `GET /v2`.
 """
 
 from __future__ import annotations
@@ -130,7 +131,8 @@ def test_always_sends_binary_and_reports_the_refusal(gateway: GatewayProcess) ->
 
 
 def test_auto_uses_binary_when_metadata_lists_it(gateway: GatewayProcess) -> None:
-    """Gateway to gateway: non-UTF-8 BYTES cannot travel as JSON, so this
+    """Gateway to gateway (the upstream is a second copy of this gateway,
+    standing in for Triton): non-UTF-8 BYTES cannot travel as JSON, so this
     answer proves the hop used binary tensors, as the metadata advertised."""
     raw = np.array([b"\xff\x00\xfe", b"ok"], dtype=np.object_)
     assert list(_infer(gateway, "identity", raw, "BYTES")) == list(raw)

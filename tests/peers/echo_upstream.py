@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +49,7 @@ class EchoState:
         self.ready = True
         self.status = 200  # anything else: infer answers this status
         self.infer_count = 0
+        self.other_calls = {"metadata": 0, "model_ready": 0, "server_ready": 0}  # for /stats
         self.in_flight = 0
         self.max_in_flight = 0
 
@@ -74,10 +77,12 @@ def build_app(state: EchoState) -> web.Application:
             state.in_flight -= 1
 
     async def metadata(request: web.Request) -> web.Response:
+        state.other_calls["metadata"] += 1
         return web.json_response({"name": request.match_info["model"], "versions": ["1"], "platform": "echo",
                                   "inputs": [], "outputs": []})
 
     async def ready(request: web.Request) -> web.Response:
+        state.other_calls["model_ready" if "model" in request.match_info else "server_ready"] += 1
         return web.Response(status=200 if state.ready else 503)
 
     async def control(request: web.Request) -> web.Response:
@@ -88,7 +93,8 @@ def build_app(state: EchoState) -> web.Application:
         return web.json_response({"ok": True})
 
     async def stats(request: web.Request) -> web.Response:
-        return web.json_response({"infer": state.infer_count, "max_in_flight": state.max_in_flight})
+        return web.json_response({"infer": state.infer_count, "max_in_flight": state.max_in_flight,
+                                  **state.other_calls})
 
     app = web.Application()
     app.router.add_post("/v2/models/{model}/infer", infer)
@@ -177,6 +183,17 @@ class EchoServer:
             server.launch()
         for server in servers:
             server.wait_ready()
+
+    @staticmethod
+    @contextlib.contextmanager
+    def running(servers: dict[str, EchoServer]) -> Iterator[dict[str, EchoServer]]:
+        """Start them all; stop them all on the way out, whatever happened."""
+        try:
+            EchoServer.start_all(list(servers.values()))
+            yield servers
+        finally:
+            for server in servers.values():
+                server.stop()
 
     @property
     def address(self) -> str:
