@@ -58,8 +58,10 @@ class GatewayProcess:
     the --port-file it writes once every listener is bound."""
 
     def __init__(self, config_path: Path, log_path: Path, extra_env: dict[str, str] | None = None,
-                 extra_args: list[str] | None = None, module: str = "gateway") -> None:
+                 extra_args: list[str] | None = None, module: str = "gateway",
+                 prefix: list[str] | None = None) -> None:
         self.module = module  # e.g. a test launcher that registers extra protocols
+        self.prefix = prefix or []  # e.g. nsenter into a private network namespace (netns.py)
         self.config_path = config_path
         self.log_path = log_path
         self.port_file = config_path.with_suffix(".ports.json")
@@ -73,8 +75,8 @@ class GatewayProcess:
         self.port_file.unlink(missing_ok=True)  # a restart must wait for the new process's file
         self._log = open(self.log_path, "ab" if self.proc is not None else "wb")  # a restart appends
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", self.module, "--log-level", os.environ.get("GW_TEST_LOG", "info"), "serve",
-             "--config", str(self.config_path), "--port-file", str(self.port_file), *self.extra_args],
+            [*self.prefix, sys.executable, "-m", self.module, "--log-level", os.environ.get("GW_TEST_LOG", "info"),
+             "serve", "--config", str(self.config_path), "--port-file", str(self.port_file), *self.extra_args],
             cwd=REPO, env=env, stdout=self._log, stderr=subprocess.STDOUT)
 
         def ready() -> bool:

@@ -8,11 +8,11 @@ be told to fail or slow down."""
 
 from __future__ import annotations
 
-import http.client
 import json
 import signal
 import socket
 import subprocess
+import sys
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from netns import OTHER_ADDRESS, private_network
 
 from peers.echo_gateway import echo_gateway, upstream_state
 from peers.echo_upstream import EchoServer
@@ -71,70 +72,51 @@ def echoes(tmp_path: Path) -> Iterator[dict[str, EchoServer]]:
 # --- the remote-reload guard -------------------------------------------------------
 
 
-def _non_loopback_address() -> str | None:
-    """An IPv4 address of this host outside 127/8 (the guard calls all of 127/8 loopback)."""
-    candidates = set()
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        try:
-            probe.connect(("192.0.2.1", 9))  # no packet is sent: the kernel picks the source address
-            candidates.add(probe.getsockname()[0])
-        except OSError:
-            pass
-    try:
-        candidates.update(socket.gethostbyname_ex(socket.gethostname())[2])
-    except OSError:
-        pass
-    for address in sorted(candidates):
-        if not address.startswith("127.") and address != "0.0.0.0":
-            with socket.socket() as sock:
-                try:
-                    sock.bind((address, 0))
-                except OSError:
-                    continue
-            return address
-    return None
+_RELOAD_CLIENT = """
+import http.client, json, sys
+host, port, source, token = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+connection = http.client.HTTPConnection(host, port, timeout=10, source_address=(source, 0))
+connection.request("POST", "/reload", body=b"", headers={"Authorization": f"Bearer {token}"} if token else {})
+reply = connection.getresponse()
+print(json.dumps([reply.status, json.loads(reply.read())]))
+"""
 
 
-def _admin_reload(port: int, source: str, token: str | None) -> tuple[int, Any]:
-    """POST /reload to the admin listener from the local address ``source``."""
-    connection = http.client.HTTPConnection(source, port, timeout=TIMEOUT, source_address=(source, 0))
-    try:
-        connection.request("POST", "/reload", body=b"",
-                           headers={"Authorization": f"Bearer {token}"} if token else {})
-        reply = connection.getresponse()
-        return reply.status, json.loads(reply.read())
-    finally:
-        connection.close()
+def _admin_reload(prefix: list[str], port: int, source: str, token: str | None) -> tuple[int, Any]:
+    """POST /reload to the admin listener, from ``source``, inside the namespace."""
+    host = OTHER_ADDRESS if source == OTHER_ADDRESS else "127.0.0.1"
+    done = subprocess.run([*prefix, sys.executable, "-c", _RELOAD_CLIENT, host, str(port), source, token or ""],
+                          capture_output=True, text=True, timeout=TIMEOUT + 5, check=True)
+    status, body = json.loads(done.stdout)
+    return status, body
 
 
 @pytest.mark.parametrize("allow_remote", [False, True])
 def test_reload_from_a_non_loopback_client_is_refused_unless_allowed(tmp_path: Path, allow_remote: bool) -> None:
-    """The admin listens on 0.0.0.0 with a token, so a client from this
-    host's own non-loopback address passes the token check and reaches the
-    reload handler's own test of the client's address."""
-    remote = _non_loopback_address()
-    if remote is None:
-        pytest.skip("this host has no non-loopback IPv4 address to connect from")
+    """In a private network namespace whose loopback also carries an address
+    outside 127/8, the admin listens on 0.0.0.0 with a token: a client from
+    that address passes the token check and reaches the reload handler's own
+    test of the client's address."""
     token = "t0ken-for-the-test"
     config = BUILTIN_REST_CONFIG.replace(
         'admin: {address: "127.0.0.1:0"}',
         f'admin: {{address: "0.0.0.0:0", token: {{env: GW_TEST_ADMIN_TOKEN}}, allow_remote_reload: '
         f'{str(allow_remote).lower()}}}')
-    with GatewayProcess(write_config(tmp_path, config), tmp_path / "gateway.log",
-                        extra_env={"GW_TEST_ADMIN_TOKEN": token}) as gw:
+    with private_network() as prefix, GatewayProcess(write_config(tmp_path, config), tmp_path / "gateway.log",
+                                                     extra_env={"GW_TEST_ADMIN_TOKEN": token}, prefix=prefix) as gw:
         admin = gw.ports["admin"]
-        assert _admin_reload(admin, remote, None)[0] == 401  # the token is checked first, on any address
-        status, body = _admin_reload(admin, remote, token)
+        assert _admin_reload(prefix, admin, OTHER_ADDRESS, None)[0] == 401  # the token is checked first
+        status, body = _admin_reload(prefix, admin, OTHER_ADDRESS, token)
         if allow_remote:
             assert (status, body["reloaded"]) == (200, True), body
         else:
             assert status == 403, body
             assert body["error"] == "reload is only allowed from loopback (admin.allow_remote_reload)"
-            assert remote not in json.dumps(body)
-        status, body = _admin_reload(admin, "127.0.0.1", token)  # loopback: always allowed
+            assert OTHER_ADDRESS not in json.dumps(body)
+        status, body = _admin_reload(prefix, admin, "127.0.0.1", token)  # loopback: always allowed
         assert (status, body["reloaded"]) == (200, True), body
-        reloads = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{admin}/reload", timeout=TIMEOUT).read())
-    assert reloads["successes_total"] == (2 if allow_remote else 1), reloads
+    reloads = [line for line in gw.log().splitlines() if "configuration reloaded from" in line]
+    assert len(reloads) == (2 if allow_remote else 1), gw.log()
 
 
 # --- drain ---------------------------------------------------------------------------
