@@ -404,10 +404,15 @@ def test_registration_seen_by_every_worker(tmp_path: Any, regions: Regions) -> N
                 answer = session.post(f"http://{gw.url('rest')}/v2/models/simple/infer", json=body, timeout=10)
                 assert answer.status_code == 200, answer.text
                 assert answer.json()["outputs"][0]["data"] == [2 * i for i in range(16)]
-        other = grpcclient.InferenceServerClient(gw.url("grpc"))  # another protocol, another connection
-        assert set(other.get_system_shared_memory_status().regions) == {name}
-        other.unregister_system_shared_memory()
-        assert not other.get_system_shared_memory_status().regions
+        # Regions belong to the listener that registered them: the gRPC one sees none.
+        assert not grpcclient.InferenceServerClient(gw.url("grpc")).get_system_shared_memory_status().regions
+        for _ in range(4):  # new connections: status and unregister in any worker
+            with httpclient.InferenceServerClient(gw.url("rest")) as other:
+                assert {r["name"] for r in other.get_system_shared_memory_status()} == {name}
+        with httpclient.InferenceServerClient(gw.url("rest")) as other:
+            other.unregister_system_shared_memory()
+        with httpclient.InferenceServerClient(gw.url("rest")) as other:
+            assert other.get_system_shared_memory_status() == []
 
 
 # --- a real MLServer behind the gateway -----------------------------------------------------
