@@ -16,7 +16,8 @@ import pytest
 
 from gateway.config import DEFAULT_MAX_SHARED_MEMORY_REGIONS
 from peers.nofile_gateway import nofile_env
-from peers.shm_attack import probe_during, register_many, unregister_unknown
+from peers.shm_attack import held, probe_during, register_many, unregister_unknown
+from peers.stall_attack import Probe
 from support import GatewayProcess, write_config
 
 # The probe's bounds, as tests/test_availability_stall.py.
@@ -50,20 +51,9 @@ def shm_object() -> Iterator[tuple[str, int]]:
     os.unlink(f"/dev/shm{key}")
 
 
-def _descriptors_of(pid: int, key: str) -> int:
-    """The gateway's open descriptors of the object ``key``."""
-    found = 0
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            found += os.readlink(f"/proc/{pid}/fd/{fd}").startswith(f"/dev/shm{key}")
-        except OSError:
-            pass  # closed meanwhile
-    return found
-
-
-def _assert_probe(probe: object, report: str) -> None:
-    median, worst = probe.figures()  # type: ignore[attr-defined]
-    assert probe.failures == 0, report  # type: ignore[attr-defined]
+def _assert_probe(probe: Probe, report: str) -> None:
+    median, worst = probe.figures()
+    assert probe.failures == 0, report
     assert median <= MEDIAN_BOUND, report
     assert worst <= MAX_BOUND, report
 
@@ -85,9 +75,8 @@ def test_registrations_are_bounded_and_keep_no_descriptor(tmp_path: Path, shm_ob
         assert result["statuses"] == {200: DEFAULT_MAX_SHARED_MEMORY_REGIONS,
                                       429: attempts - DEFAULT_MAX_SHARED_MEMORY_REGIONS}, report
         assert "server.max_shared_memory_regions" in result["refusal"], report
-        print(report)
         _assert_probe(probe, report)
-        assert _descriptors_of(gw.proc.pid, key) == 0
+        assert held(gw.proc.pid, key) == []
         assert gw.proc.poll() is None
 
 
@@ -108,5 +97,4 @@ def test_unregisters_do_not_stall_other_listeners(tmp_path: Path, shm_object: tu
                  f"median/max {probe.figures()}"
         assert result["statuses"] == {200: 40 * 10}, report
         assert len(probe.latencies) >= 3, f"the attack ended before it was measured: {report}"
-        print(report)
         _assert_probe(probe, report)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import http.client
 import multiprocessing
+import os
+import queue
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -71,9 +73,23 @@ def unregister_unknown(port: int, clients: int, rounds: int, token: str = "") ->
             conn.close()
         return statuses
 
+    started = time.monotonic()
     with ThreadPoolExecutor(clients) as pool:
         total = sum(pool.map(client, range(clients)), Counter())
-    return {"statuses": dict(total)}
+    return {"statuses": dict(total), "seconds": round(time.monotonic() - started, 2)}
+
+
+def held(pid: int, key: str) -> list[str]:
+    """The process's open descriptors of the object ``key`` (a deleted one too)."""
+    found = []
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue  # closed meanwhile
+        if target.startswith(f"/dev/shm{key}"):
+            found.append(target)
+    return found
 
 
 def _run(target: Callable[..., dict[str, Any]], args: tuple[Any, ...], results: Any) -> None:
@@ -106,7 +122,10 @@ def probe_during(probe_port: int, target: Callable[..., dict[str, Any]], *args: 
             else:
                 probe.failures += 1
             time.sleep(0.01)
-        result = results.get(timeout=max(1.0, deadline - time.monotonic()))
+        try:
+            result = results.get(timeout=max(1.0, deadline - time.monotonic()))
+        except queue.Empty:
+            result = {"unfinished": f"the attack did not end within {timeout:.0f} s"}
     finally:
         attacker.join(10)
         if attacker.is_alive():
