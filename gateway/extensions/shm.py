@@ -152,9 +152,11 @@ def _folder_lock(folder: Path) -> Iterator[None]:
 class Registry:
     """The regions of this gateway instance (see the module's docstring).
 
-    Every call that touches files runs in the registry's own thread
+    Every call on the registration files runs in the registry's own thread
     (:meth:`run`), never on the event loop; each reads or writes one
-    owner's folder only, so another tenant's registrations cost nothing."""
+    owner's folder only, so another tenant's registrations cost nothing.
+    Data copies (:meth:`read`, :meth:`write`) go with the request's other
+    body-sized work (``run_inputs``, ``run_outputs``)."""
 
     def __init__(self, directory: Path | None = None) -> None:
         self._directory = directory
