@@ -42,6 +42,7 @@ DEFAULT_MAX_CONCURRENT_REQUESTS = 256
 DEFAULT_MAX_OPEN_STREAMS = 128
 DEFAULT_MAX_STREAM_REQUESTS = 16
 DEFAULT_STREAM_BUFFER_RESPONSES = 16
+DEFAULT_MAX_SHARED_MEMORY_REGIONS = 256  # per listener and credential: one small file each
 # Per worker: bodies and decoded tensors of every request in flight together
 # (docs/security.md#memory-budget gives the worst case per worker).
 DEFAULT_MAX_INFLIGHT_BYTES = 512 << 20
@@ -132,6 +133,8 @@ class ServerIdentity:
     version: str = ""  # empty: the package version
     # Triton extensions the gateway serves itself (listed in server metadata).
     extensions: tuple[str, ...] = DEFAULT_EXTENSIONS
+    # System shared-memory regions one listener and credential may register (all workers together).
+    max_shared_memory_regions: int = DEFAULT_MAX_SHARED_MEMORY_REGIONS
 
 
 @dataclass(frozen=True, slots=True)
@@ -1055,7 +1058,9 @@ def parse_config(data: Any, source: str = "<string>", base_dir: Path | None = No
 
     server_node = root.child("server", {})
     server = ServerIdentity(server_node.string("name", "inference-gateway"), server_node.string("version", ""),
-                            _extensions(server_node.child("extensions", list(DEFAULT_EXTENSIONS))))
+                            _extensions(server_node.child("extensions", list(DEFAULT_EXTENSIONS))),
+                            server_node.integer("max_shared_memory_regions", DEFAULT_MAX_SHARED_MEMORY_REGIONS,
+                                                minimum=1))
     server_node.check_no_unknown_keys()
 
     admin_node = root.child("admin", {})

@@ -21,6 +21,7 @@ log = logging.getLogger(__name__)
 
 # Descriptors besides connections: the listening sockets, log files, the
 # admin listener and its clients, gRPC's and the loop's own, DNS lookups.
+# Shared-memory regions keep none (each copy opens its object and closes it).
 MARGIN = 64
 _NR_OPEN = "/proc/sys/fs/nr_open"  # Linux: the ceiling for an unlimited hard limit
 

@@ -7,6 +7,7 @@ each protocol's error form; CUDA shared memory's answers."""
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -23,6 +24,7 @@ import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException, serialize_byte_tensor, serialized_byte_size
 
 from peers.mlserver import MLServerPeer
+from peers.shm_attack import held
 from support import REPO, GatewayProcess, write_config
 
 EXAMPLES = REPO / "tests" / "data" / "triton_examples"
@@ -404,10 +406,15 @@ def test_registration_seen_by_every_worker(tmp_path: Any, regions: Regions) -> N
                 answer = session.post(f"http://{gw.url('rest')}/v2/models/simple/infer", json=body, timeout=10)
                 assert answer.status_code == 200, answer.text
                 assert answer.json()["outputs"][0]["data"] == [2 * i for i in range(16)]
-        other = grpcclient.InferenceServerClient(gw.url("grpc"))  # another protocol, another connection
-        assert set(other.get_system_shared_memory_status().regions) == {name}
-        other.unregister_system_shared_memory()
-        assert not other.get_system_shared_memory_status().regions
+        # Regions belong to the listener that registered them: the gRPC one sees none.
+        assert not grpcclient.InferenceServerClient(gw.url("grpc")).get_system_shared_memory_status().regions
+        for _ in range(4):  # new connections: status and unregister in any worker
+            with httpclient.InferenceServerClient(gw.url("rest")) as other:
+                assert {r["name"] for r in other.get_system_shared_memory_status()} == {name}
+        with httpclient.InferenceServerClient(gw.url("rest")) as other:
+            other.unregister_system_shared_memory()
+        with httpclient.InferenceServerClient(gw.url("rest")) as other:
+            assert other.get_system_shared_memory_status() == []
 
 
 # --- a real MLServer behind the gateway -----------------------------------------------------
@@ -427,3 +434,139 @@ def ml_gateway(mlserver: MLServerPeer, tmp_path_factory: pytest.TempPathFactory)
 @pytest.mark.parametrize("model", ["ml-rest", "ml-grpc"])
 def test_mlserver_through_regions(ml_gateway: GatewayProcess, regions: Regions, module: Any, model: str) -> None:
     _simple_round_trip(module, _client(module, ml_gateway), regions, model, rows=2)
+
+
+# --- a key deleted and created again ---------------------------------------------------------
+
+
+def _object(key: str, data: bytes) -> None:
+    """Create the shared-memory object ``key`` holding ``data``."""
+    fd = os.open(f"/dev/shm{key}", os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+
+
+def test_recreated_key_is_refused_until_registered_again(gateway: GatewayProcess) -> None:
+    """The client deletes its object and creates another under the same key:
+    the gateway refuses to read it (and holds nothing of the old one) until
+    the region is registered again."""
+    assert gateway.proc is not None
+    client = httpclient.InferenceServerClient(gateway.url("rest"))
+    url = f"http://{gateway.url('rest')}/v2/models/simple/infer"
+    name, key = f"r-{uuid.uuid4().hex[:8]}", _key()
+    old, new = np.arange(16, dtype=np.int32), np.full(16, 100, dtype=np.int32)
+    _object(key, old.tobytes())
+    try:
+        client.register_system_shared_memory(name, key, old.nbytes)
+        body = _infer_body({"shared_memory_region": name, "shared_memory_byte_size": old.nbytes})
+        answer = requests.post(url, json=body, timeout=10)
+        assert answer.status_code == 200 and answer.json()["outputs"][0]["data"] == [2 * i for i in range(16)]
+        os.unlink(f"/dev/shm{key}")
+        _object(key, new.tobytes())
+        answer = requests.post(url, json=body, timeout=10)
+        assert answer.status_code == 400, answer.text
+        assert "replaced since it was registered; register the region again" in answer.json()["error"]
+        assert held(gateway.proc.pid, key) == []  # the deleted object is not kept alive
+        client.unregister_system_shared_memory(name)
+        client.register_system_shared_memory(name, key, new.nbytes)
+        answer = requests.post(url, json=body, timeout=10)
+        assert answer.status_code == 200 and answer.json()["outputs"][0]["data"] == [100 + i for i in range(16)]
+        client.unregister_system_shared_memory(name)
+    finally:
+        os.unlink(f"/dev/shm{key}")
+
+
+# --- tenants: a region belongs to the listener and credential that registered it --------------
+
+
+TENANT_CONFIG = """
+admin: {address: "127.0.0.1:0"}
+server:
+  extensions: [system_shared_memory]
+  max_shared_memory_regions: 3
+listeners:
+  - {name: a, protocol: v2-rest, address: "127.0.0.1:0", auth: {token: {env: GW_TEST_TOKEN_A}}}
+  - {name: b, protocol: v2-rest, address: "127.0.0.1:0", auth: {token: {env: GW_TEST_TOKEN_B}}}
+  - {name: b-grpc, protocol: v2-grpc, address: "127.0.0.1:0", auth: {token: {env: GW_TEST_TOKEN_B}}}
+upstreams:
+  - {name: local, protocol: builtin}
+routes:
+  - match: {model: "*"}
+    upstream: local
+"""
+
+
+class WithToken:
+    """A client whose every call sends ``token``."""
+
+    def __init__(self, client: Any, token: str) -> None:
+        self.client, self.headers = client, {"authorization": f"Bearer {token}"}
+
+    def __getattr__(self, name: str) -> Any:
+        return functools.partial(getattr(self.client, name), headers=self.headers)
+
+
+def test_tenants_see_only_their_own_regions(tmp_path: Any, regions: Regions) -> None:
+    tokens = {"a": f"token-a-{uuid.uuid4().hex}", "b": f"token-b-{uuid.uuid4().hex}"}
+    env = {"GW_TEST_TOKEN_A": tokens["a"], "GW_TEST_TOKEN_B": tokens["b"]}
+    with GatewayProcess(write_config(tmp_path, TENANT_CONFIG), tmp_path / "gw.log", env) as gw:
+        http = {t: WithToken(httpclient.InferenceServerClient(gw.url(t)), tokens[t]) for t in tokens}
+        data = {"a": np.arange(16, dtype=np.int32), "b": np.full(16, 1000, dtype=np.int32)}
+        keys = {}
+        for tenant, array in data.items():
+            _, keys[tenant], handle = regions.create(array.nbytes)
+            shm.set_shared_memory_region(handle, [array])
+        name = "shared-name"
+        http["a"].register_system_shared_memory(name, keys["a"], 64)
+
+        def infer(tenant: str) -> requests.Response:
+            body = _infer_body({"shared_memory_region": name, "shared_memory_byte_size": 64})
+            return requests.post(f"http://{gw.url(tenant)}/v2/models/simple/infer", json=body, timeout=10,
+                                 headers={"Authorization": f"Bearer {tokens[tenant]}"})
+
+        # B sees nothing of A's region: not listed, not found, not used, not removed
+        assert http["b"].get_system_shared_memory_status() == []
+        with pytest.raises(InferenceServerException, match=f"Unable to find system shared memory region: '{name}'"):
+            http["b"].get_system_shared_memory_status(name)
+        answer = infer("b")
+        assert answer.status_code == 400 and "Unable to find system shared memory region" in answer.json()["error"]
+        http["b"].unregister_system_shared_memory(name)
+        http["b"].unregister_system_shared_memory()
+        assert [r["name"] for r in http["a"].get_system_shared_memory_status()] == [name]
+        # the same token on B's gRPC listener is another owner too
+        grpc_b = WithToken(grpcclient.InferenceServerClient(gw.url("b-grpc")), tokens["b"])
+        assert not grpc_b.get_system_shared_memory_status().regions
+        # B may use the same name for its own object; each reads its own
+        http["b"].register_system_shared_memory(name, keys["b"], 64)
+        assert infer("a").json()["outputs"][0]["data"] == [2 * i for i in range(16)]
+        assert infer("b").json()["outputs"][0]["data"] == [1000 + i for i in range(16)]
+        # the limit is per owner: B fills its own, A is not affected
+        for i in range(2):
+            http["b"].register_system_shared_memory(f"more-{i}", keys["b"], 64)
+        with pytest.raises(InferenceServerException, match=r"server\.max_shared_memory_regions") as raised:
+            http["b"].register_system_shared_memory("one-too-many", keys["b"], 64)
+        assert raised.value.status() == "429"
+        for i in range(3):
+            grpc_b.register_system_shared_memory(f"grpc-{i}", keys["b"], 64)
+        with pytest.raises(InferenceServerException, match=r"server\.max_shared_memory_regions") as raised:
+            grpc_b.register_system_shared_memory("one-too-many", keys["b"], 64)
+        assert raised.value.status() == "StatusCode.RESOURCE_EXHAUSTED"
+        http["a"].register_system_shared_memory("second", keys["a"], 64)
+        assert {r["name"] for r in http["a"].get_system_shared_memory_status()} == {name, "second"}
+
+
+def test_limit_holds_across_workers(tmp_path: Any, regions: Regions) -> None:
+    config = _config().replace("  extensions:", "  max_shared_memory_regions: 3\n  extensions:")
+    with GatewayProcess(write_config(tmp_path, config), tmp_path / "gw.log", extra_args=["--workers", "2"]) as gw:
+        _, key, _ = regions.create(64)
+        statuses = []
+        for i in range(8):  # a new connection each: the kernel spreads them over both workers
+            with requests.Session() as session:
+                answer = session.post(f"http://{gw.url('rest')}/v2/systemsharedmemory/region/r{i}/register",
+                                      json={"key": key, "byte_size": 64}, timeout=10)
+                statuses.append(answer.status_code)
+        assert statuses == [200] * 3 + [429] * 5
+        with httpclient.InferenceServerClient(gw.url("rest")) as client:
+            assert {r["name"] for r in client.get_system_shared_memory_status()} == {"r0", "r1", "r2"}

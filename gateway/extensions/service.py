@@ -9,7 +9,7 @@ from typing import Any
 
 from gateway.cache import TtlCache
 from gateway.errors import ErrorKind, GatewayError, unsupported
-from gateway.extensions import CLASSIFICATION, GATEWAY_EXTENSIONS, turned_off
+from gateway.extensions import CLASSIFICATION, GATEWAY_EXTENSIONS, SYSTEM_SHARED_MEMORY, shm, turned_off
 from gateway.extensions import classification as classes
 from gateway.extensions.context import side_context
 from gateway.extensions.labels import LabelCache
@@ -46,6 +46,43 @@ class Extensions:
     def refusal(self, extension: str) -> str | None:
         """None when ``extension`` is served, else why not."""
         return None if extension in self.served else turned_off(extension)
+
+    # --- system shared memory (shm.py) -----------------------------------------
+
+    def shm_owner(self, ctx: RequestContext) -> str:
+        """The listener and the credential the request came with: whose
+        regions it sees (tenants separated by listener or token)."""
+        listener = next((item for item in self.services.config.listeners if item.name == ctx.listener), None)
+        auth = listener.auth if listener is not None else None
+        credential = ""
+        if auth is not None:
+            credential = (ctx.headers.get(auth.header) or "").strip()
+            if auth.scheme:  # "Bearer <token>": the token only, as the authenticator reads it
+                credential = credential.partition(" ")[2].strip()
+        return shm.owner(ctx.listener, credential)
+
+    async def shm_status(self, name: str | None, ctx: RequestContext) -> list[shm.Region]:
+        self.require(SYSTEM_SHARED_MEMORY)
+        store = shm.registry()
+        return await store.run(store.status, self.shm_owner(ctx), name)
+
+    async def shm_register(self, name: str, key: str, offset: int, byte_size: int, ctx: RequestContext) -> None:
+        self.require(SYSTEM_SHARED_MEMORY)
+        store = shm.registry()
+        limit = self.services.config.server.max_shared_memory_regions
+        await store.run(store.register, self.shm_owner(ctx), name, key, offset, byte_size, limit)
+
+    async def shm_unregister(self, name: str | None, ctx: RequestContext) -> None:
+        self.require(SYSTEM_SHARED_MEMORY)
+        store = shm.registry()
+        await store.run(store.unregister, self.shm_owner(ctx), name)
+
+    async def shm_plan(self, request: InferRequest, ctx: RequestContext) -> shm.Plan:
+        """The regions ``request`` names, checked (none: no file is read)."""
+        if not shm.named(request):
+            return shm.Plan([], {})
+        self.require(SYSTEM_SHARED_MEMORY)
+        return await shm.registry().run(shm.plan, request, self.shm_owner(ctx))
 
     # --- inference with classification --------------------------------------
 

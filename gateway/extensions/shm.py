@@ -6,12 +6,15 @@ names a region for an input (read from there instead of the body) or an
 output (written there, answered without data). Both V2 frontends use this
 module; the tensors then go to any upstream in its own protocol.
 
+Regions belong to the listener and credential that registered them
+(:func:`owner`): another tenant's are not seen, used or unregistered.
 Registrations are visible to every worker process: each is one small file
-in a directory of this gateway instance (the supervisor's run directory, or
-a private temporary directory of a single process), created atomically with
-``link`` (a duplicate name fails) and removed by ``unlink``. Each worker
-opens the objects itself and keeps the descriptors, checked against the
-registration (device and inode) so a key re-created since is refused.
+in the owner's folder of a directory of this gateway instance (the
+supervisor's run directory, or a private temporary directory of a single
+process), created atomically with ``link`` (a duplicate name fails) under
+a lock that bounds the count, and removed by ``unlink``. No descriptor is
+kept between requests: each copy opens the object and checks it is the one
+registered (device and inode), so a key re-created since is refused.
 
 Data moves by ``pread``/``pwrite`` on the descriptor, never by mapping it:
 a client that shrinks its object makes a short read (an error), not a
@@ -21,8 +24,11 @@ SIGBUS in the gateway. Keys are opened relative to /dev/shm with
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import errno
+import fcntl
+import functools
 import hashlib
 import os
 import shutil
@@ -30,15 +36,17 @@ import stat
 import tempfile
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import orjson
 
-from gateway.errors import GatewayError, invalid, malformed, unsupported
+from gateway.errors import ErrorKind, GatewayError, invalid, malformed
 from gateway.extensions import SHM_REGISTRY_ENV
 from gateway.limits import BYTES_ELEMENT_COST, TensorBudget
 from gateway.tensors import array_from_raw, array_to_raw
@@ -51,8 +59,7 @@ PARAMETERS = (REGION, OFFSET, BYTE_SIZE)
 
 SHM_ROOT = "/dev/shm"
 _MAX_NAME = 255  # bytes of a region name (and of a key: NAME_MAX)
-# Descriptors a worker keeps before it closes those of regions gone elsewhere.
-_SWEEP_AT = 64
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +70,6 @@ class Region:
     byte_size: int
     device: int = 0
     inode: int = 0
-    serial: str = ""
 
     def status(self) -> dict[str, Any]:
         """Triton's status entry of a system region."""
@@ -90,15 +96,19 @@ def _open_key(key: str) -> int:
             or len(name.encode("utf-8", "surrogatepass")) > _MAX_NAME):
         raise invalid(f"shared memory key {key[:100]!r} is not a POSIX shared memory name "
                       "('/name', no further '/')")
-    root = os.open(SHM_ROOT, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        fd = os.open(name, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=root)
+        root = os.open(SHM_ROOT, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            fd = os.open(name, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=root)
+        finally:
+            os.close(root)
     except OSError as exc:
+        refusal = _out_of_resources(exc)
+        if refusal is not None:
+            raise refusal from None
         reason = {errno.ENOENT: "no such object", errno.EACCES: "permission denied",
                   errno.ELOOP: "not a shared memory object"}.get(exc.errno or 0, "cannot be opened")
         raise invalid(f"Unable to open shared memory region: key {key[:100]!r}: {reason}") from None
-    finally:
-        os.close(root)
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
         raise invalid(f"Unable to open shared memory region: key {key[:100]!r} is not a shared memory object")
@@ -111,13 +121,47 @@ def _integer(value: Any, what: str) -> int:
     return value
 
 
+def owner(listener: str, credential: str) -> str:
+    """Who a region belongs to: the listener and the credential it was
+    registered with (a digest: the token itself is never written down)."""
+    text = f"{listener}\x00{credential}".encode("utf-8", "surrogateescape")
+    return hashlib.sha256(text).hexdigest()
+
+
+def _out_of_resources(exc: OSError) -> GatewayError | None:
+    """A refusal for an exhausted resource of this host (never a 500)."""
+    if exc.errno in (errno.EMFILE, errno.ENFILE):
+        return GatewayError(ErrorKind.OVERLOADED, "the gateway has no file descriptor free for shared memory; "
+                                                  "retry later")
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return GatewayError(ErrorKind.OVERLOADED, "the gateway has no space left to record the region")
+    return None
+
+
+@contextmanager
+def _folder_lock(folder: Path) -> Iterator[None]:
+    """An exclusive lock on ``folder`` among the workers (flock)."""
+    fd = os.open(folder / ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
 class Registry:
-    """The regions of this gateway instance (see the module's docstring)."""
+    """The regions of this gateway instance (see the module's docstring).
+
+    Every call on the registration files runs in the registry's own thread
+    (:meth:`run`), never on the event loop; each reads or writes one
+    owner's folder only, so another tenant's registrations cost nothing.
+    Data copies (:meth:`read`, :meth:`write`) go with the request's other
+    body-sized work (``run_inputs``, ``run_outputs``)."""
 
     def __init__(self, directory: Path | None = None) -> None:
         self._directory = directory
         self._lock = threading.Lock()
-        self._fds: dict[str, int] = {}  # registration serial -> descriptor
+        self._pool: ThreadPoolExecutor | None = None
 
     @property
     def directory(self) -> Path:
@@ -129,34 +173,56 @@ class Registry:
             self._directory.mkdir(mode=0o700, exist_ok=True)
             return self._directory
 
-    def _path(self, name: str) -> Path:
-        return self.directory / (hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest() + ".json")
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` in the registry's thread: one at a time in this
+        process, so a burst of calls queues there, not on the loop."""
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(1, thread_name_prefix="gateway-shm")
+            pool = self._pool
+        try:
+            return await asyncio.get_running_loop().run_in_executor(pool, functools.partial(fn, *args))
+        except OSError as exc:
+            refusal = _out_of_resources(exc)
+            if refusal is None:
+                raise
+            raise refusal from None
+
+    def _folder(self, owner: str) -> Path:
+        return self.directory / owner
+
+    def _path(self, owner: str, name: str) -> Path:
+        digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()
+        return self._folder(owner) / f"{digest}.json"
 
     # --- registration ---------------------------------------------------------
 
-    def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
+    def register(self, owner: str, name: str, key: str, offset: int, byte_size: int, limit: int) -> None:
         if not name or len(name.encode("utf-8", "surrogatepass")) > _MAX_NAME:
             raise invalid(f"a region name must have 1 to {_MAX_NAME} bytes")
         fd = _open_key(key)
         try:
             info = os.fstat(fd)
-            if offset + byte_size > info.st_size:
-                raise invalid(f"shared memory region '{name[:100]}': offset {offset} + byte_size {byte_size} "
-                              f"is outside the object {key[:100]!r} of {info.st_size} bytes")
-            region = Region(name, key, offset, byte_size, info.st_dev, info.st_ino, uuid.uuid4().hex)
-            self._publish(region)
-        except BaseException:
+        finally:
             os.close(fd)
-            raise
-        with self._lock:
-            self._fds[region.serial] = fd
+        if offset + byte_size > info.st_size:
+            raise invalid(f"shared memory region '{name[:100]}': offset {offset} + byte_size {byte_size} "
+                          f"is outside the object {key[:100]!r} of {info.st_size} bytes")
+        folder = self._folder(owner)
+        folder.mkdir(mode=0o700, exist_ok=True)
+        with _folder_lock(folder):  # the count and the new file, one worker at a time
+            if sum(1 for entry in os.scandir(folder) if entry.name.endswith(".json")) >= limit:
+                raise GatewayError(ErrorKind.OVERLOADED, f"shared memory region '{name[:100]}': {limit} regions "
+                                   "are registered, the limit (server.max_shared_memory_regions); "
+                                   "unregister one first")
+            self._publish(self._path(owner, name), Region(name, key, offset, byte_size, info.st_dev, info.st_ino))
 
-    def _publish(self, region: Region) -> None:
-        target = self._path(region.name)
-        temporary = target.with_name(f".{region.serial}.tmp")
+    @staticmethod
+    def _publish(target: Path, region: Region) -> None:
+        temporary = target.with_name(f".{uuid.uuid4().hex}.tmp")
         temporary.write_bytes(orjson.dumps({
             "name": region.name, "key": region.key, "offset": region.offset, "byte_size": region.byte_size,
-            "device": region.device, "inode": region.inode, "serial": region.serial}))
+            "device": region.device, "inode": region.inode}))
         try:
             os.link(temporary, target)  # fails if the name is taken, in any worker
         except FileExistsError:
@@ -164,76 +230,51 @@ class Registry:
         finally:
             temporary.unlink(missing_ok=True)
 
-    def unregister(self, name: str | None = None) -> None:
+    def unregister(self, owner: str, name: str | None = None) -> None:
         """One region (a name not registered is no error, as on Triton), or all."""
-        paths = [self._path(name)] if name is not None else list(self.directory.glob("*.json"))
-        for path in paths:
-            path.unlink(missing_ok=True)
-        self._sweep()
-
-    def status(self, name: str | None = None) -> list[Region]:
         if name is not None:
-            return [self.lookup(name)]
-        return sorted(self._regions(self.directory), key=lambda r: r.name)
+            self._path(owner, name).unlink(missing_ok=True)
+            return
+        folder = self._folder(owner)
+        for path in folder.glob("*.json") if folder.is_dir() else ():
+            path.unlink(missing_ok=True)
 
-    def _load(self, path: Path) -> Region | None:
+    def status(self, owner: str, name: str | None = None) -> list[Region]:
+        if name is not None:
+            return [self.lookup(owner, name)]
+        folder = self._folder(owner)
+        found = (self._load(path) for path in folder.glob("*.json")) if folder.is_dir() else ()
+        return sorted((r for r in found if r is not None), key=lambda r: r.name)
+
+    @staticmethod
+    def _load(path: Path) -> Region | None:
         try:
             return Region(**orjson.loads(path.read_bytes()))
-        except (OSError, orjson.JSONDecodeError, TypeError):
+        except (FileNotFoundError, orjson.JSONDecodeError, TypeError):
             return None
 
-    def lookup(self, name: str) -> Region:
-        region = self._load(self._path(name))
+    def lookup(self, owner: str, name: str) -> Region:
+        region = self._load(self._path(owner, name))
         if region is None or region.name != name:
             raise _not_found(name)
         return region
 
     # --- data -------------------------------------------------------------------
 
-    def _descriptor(self, region: Region) -> int:
-        """A descriptor of the region's object for one copy, which closes it:
-        a duplicate of the kept one, so an unregister closing that meanwhile
-        cannot make the copy use a reused descriptor number."""
-        with self._lock:
-            fd = self._fds.get(region.serial)
-            if fd is not None:
-                return os.dup(fd)
+    @staticmethod
+    def _descriptor(region: Region) -> int:
+        """A descriptor of the region's object, opened for one copy: nothing
+        is kept open between requests, and an object deleted and created
+        again under the key is refused (its registration named the old one)."""
         fd = _open_key(region.key)
         info = os.fstat(fd)
         if (info.st_dev, info.st_ino) != (region.device, region.inode):
             os.close(fd)
             raise invalid(f"shared memory region '{region.name[:100]}': the object {region.key[:100]!r} was "
                           "replaced since it was registered; register the region again")
-        with self._lock:
-            if len(self._fds) >= _SWEEP_AT:
-                self._sweep_locked()
-            known = self._fds.setdefault(region.serial, fd)
-            copy = os.dup(known)
-        if known != fd:
-            os.close(fd)
-        return copy
+        return fd
 
-    def _sweep(self) -> None:
-        with self._lock:
-            self._sweep_locked()
-
-    def _sweep_locked(self) -> None:
-        """Close the descriptors of regions no longer registered."""
-        live = {region.serial for region in self._all_locked()}
-        for serial in [s for s in self._fds if s not in live]:
-            os.close(self._fds.pop(serial))
-
-    def _all_locked(self) -> list[Region]:
-        directory = self._directory
-        if directory is None or not directory.exists():
-            return []
-        return self._regions(directory)
-
-    def _regions(self, directory: Path) -> list[Region]:
-        """The registrations readable in ``directory``."""
-        return [r for r in (self._load(p) for p in directory.glob("*.json")) if r is not None]
-
-    def window(self, parameters: dict[str, Any], label: str) -> tuple[Region, Window]:
+    def window(self, owner: str, parameters: dict[str, Any], label: str) -> tuple[Region, Window]:
         """The region and window a tensor's parameters name, checked."""
         name = parameters.get(REGION)
         if not isinstance(name, str):
@@ -242,7 +283,7 @@ class Registry:
             raise malformed(f"{label}: '{REGION}' needs '{BYTE_SIZE}'")
         size = _integer(parameters[BYTE_SIZE], f"{label}: '{BYTE_SIZE}'")
         offset = _integer(parameters.get(OFFSET, 0), f"{label}: '{OFFSET}'")
-        region = self.lookup(name)
+        region = self.lookup(owner, name)
         if offset + size > region.byte_size:
             raise invalid(f"{label}: offset {offset} + byte size {size} is outside shared memory region "
                           f"'{name[:100]}' of {region.byte_size} bytes")
@@ -332,28 +373,30 @@ class Plan:
         return sum(window.byte_size for _, _, window in self.inputs)
 
 
-def plan(request: InferRequest, allowed: str | None) -> Plan:
-    """The regions ``request`` names, checked; the requested outputs lose
-    their shared-memory parameters (an upstream never sees them).
-    ``allowed`` is None when the extension is on, else why it is not."""
+def named(request: InferRequest) -> bool:
+    """Whether ``request`` names a region for an input or an output."""
+    return (any(in_shared_memory(tensor.parameters) for tensor in request.inputs)
+            or any(in_shared_memory(output.parameters) for output in request.outputs))
+
+
+def plan(request: InferRequest, owner: str) -> Plan:
+    """The regions ``request`` names, checked, among ``owner``'s (file
+    reads: run it in the registry's thread); the requested outputs lose
+    their shared-memory parameters (an upstream never sees them)."""
+    store = registry()
     inputs: list[tuple[int, Region, Window]] = []
     outputs: dict[str, tuple[Region, Window]] = {}
-    wanted = [i for i, tensor in enumerate(request.inputs) if in_shared_memory(tensor.parameters)]
-    asked = [o for o in request.outputs if in_shared_memory(o.parameters)]
-    if (wanted or asked) and allowed is not None:
-        raise unsupported(allowed)
-    store = registry() if wanted or asked else None
-    for index in wanted:
-        tensor = request.inputs[index]
-        assert store is not None
-        region, window = store.window(tensor.parameters, f"input '{tensor.name[:100]}'")
-        inputs.append((index, region, window))
-    for output in asked:
-        assert store is not None
+    for index, tensor in enumerate(request.inputs):
+        if in_shared_memory(tensor.parameters):
+            region, window = store.window(owner, tensor.parameters, f"input '{tensor.name[:100]}'")
+            inputs.append((index, region, window))
+    for output in request.outputs:
+        if not in_shared_memory(output.parameters):
+            continue
         label = f"output '{output.name[:100]}'"
         if "classification" in output.parameters:
             raise invalid(f"{label}: can't set both '{REGION}' and 'classification'")
-        outputs[output.name] = store.window(output.parameters, label)
+        outputs[output.name] = store.window(owner, output.parameters, label)
         output.parameters = {k: v for k, v in _without(output.parameters).items() if k != "binary_data"}
     if inputs or outputs:
         request.raw = None  # the client's bytes name regions an upstream cannot read

@@ -26,7 +26,7 @@ from gateway.auth import Authenticator
 from gateway.budget import Reservation
 from gateway.confignode import Node
 from gateway.errors import ErrorKind, GatewayError, malformed, unsupported
-from gateway.extensions import MODEL_CONFIGURATION, MODEL_REPOSITORY, STATISTICS, SYSTEM_SHARED_MEMORY, shm
+from gateway.extensions import MODEL_CONFIGURATION, MODEL_REPOSITORY, STATISTICS, shm
 from gateway.extensions.service import Extensions
 from gateway.limits import BYTES_ELEMENT_COST, TensorBudget
 from gateway.observe import (
@@ -361,7 +361,7 @@ class V2GrpcFrontend(Frontend):
         # A V2 gRPC upstream may get these very bytes (see passthrough).
         infer_request.raw = passthrough.request_payload(data, infer_request)
         self._adopt_message_id(ctx, infer_request.id)
-        regions = shm.plan(infer_request, self.extensions.refusal(SYSTEM_SHARED_MEMORY))
+        regions = await self.extensions.shm_plan(infer_request, ctx)
         await shm.run_inputs(infer_request, regions, TensorBudget.of(limits), reservation.grow,
                              self.services.offload)
         ctx.record.decode_seconds = time.perf_counter() - started
@@ -445,17 +445,14 @@ class V2GrpcFrontend(Frontend):
         return extensions.index_message(await self.extensions.repository_index(ctx, request.ready))
 
     async def _SystemSharedMemoryStatus(self, request: Any, ctx: RequestContext) -> Any:
-        self.extensions.require(SYSTEM_SHARED_MEMORY)
-        return extensions.system_status_message(shm.registry().status(request.name or None))
+        return extensions.system_status_message(await self.extensions.shm_status(request.name or None, ctx))
 
     async def _SystemSharedMemoryRegister(self, request: Any, ctx: RequestContext) -> Any:
-        self.extensions.require(SYSTEM_SHARED_MEMORY)
-        shm.registry().register(request.name, request.key, request.offset, request.byte_size)
+        await self.extensions.shm_register(request.name, request.key, request.offset, request.byte_size, ctx)
         return pb.SystemSharedMemoryRegisterResponse()
 
     async def _SystemSharedMemoryUnregister(self, request: Any, ctx: RequestContext) -> Any:
-        self.extensions.require(SYSTEM_SHARED_MEMORY)
-        shm.registry().unregister(request.name or None)
+        await self.extensions.shm_unregister(request.name or None, ctx)
         return pb.SystemSharedMemoryUnregisterResponse()
 
     async def _CudaSharedMemoryStatus(self, request: Any, ctx: RequestContext) -> Any:

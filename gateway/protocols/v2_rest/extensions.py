@@ -155,8 +155,8 @@ class RestExtensionHandlers:
     # --- shared memory (gateway/extensions/shm.py) -------------------------------
 
     async def system_shm_status(self, request: web.Request) -> web.Response:
-        self.extensions.require(SYSTEM_SHARED_MEMORY)
-        return _json([region.status() for region in shm.registry().status(request.match_info.get("region"))])
+        found = await self.extensions.shm_status(request.match_info.get("region"), self.frontend.context(request))
+        return _json([region.status() for region in found])
 
     async def system_shm_register(self, request: web.Request) -> web.Response:
         self.extensions.require(SYSTEM_SHARED_MEMORY)
@@ -165,12 +165,12 @@ class RestExtensionHandlers:
             if required not in fields:
                 raise malformed(f"Shared memory register request has no '{required}' field")
         key, offset, byte_size = shm.register_request(fields["key"], fields.get("offset", 0), fields["byte_size"])
-        shm.registry().register(request.match_info["region"], key, offset, byte_size)
+        await self.extensions.shm_register(request.match_info["region"], key, offset, byte_size,
+                                           self.frontend.context(request))
         return web.Response()
 
     async def system_shm_unregister(self, request: web.Request) -> web.Response:
-        self.extensions.require(SYSTEM_SHARED_MEMORY)
-        shm.registry().unregister(request.match_info.get("region"))
+        await self.extensions.shm_unregister(request.match_info.get("region"), self.frontend.context(request))
         return web.Response()
 
     async def cuda_shm_status(self, request: web.Request) -> web.Response:

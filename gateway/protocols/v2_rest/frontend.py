@@ -13,7 +13,7 @@ from aiohttp import web
 from gateway.budget import admit_json
 from gateway.confignode import Node
 from gateway.errors import ErrorKind, GatewayError
-from gateway.extensions import BINARY_TENSOR_DATA, SYSTEM_SHARED_MEMORY, shm
+from gateway.extensions import BINARY_TENSOR_DATA, shm
 from gateway.extensions.service import Extensions
 from gateway.http.aiohttp_app import error_middleware, request_context
 from gateway.http.body import accepted_coding
@@ -160,7 +160,7 @@ class V2RestFrontend(HttpFrontend):
             len(body), codec.decode_infer_request, body, header_length, model, version,
             limits.max_tensor_elements, limits, keep_raw=_passthrough(route), depth_checked=True,
             charge=reservation.grow)
-        regions = shm.plan(infer_request, self.extensions.refusal(SYSTEM_SHARED_MEMORY))
+        regions = await self.extensions.shm_plan(infer_request, ctx)
         await shm.run_inputs(infer_request, regions, TensorBudget.of(limits), reservation.grow, offload)
         ctx.record.decode_seconds = time.perf_counter() - started
         # From here the inputs (views of the body) and the client's bytes hold
