@@ -30,8 +30,8 @@ _INT_KINDS = "iu"
 # Integers from here on are beyond every 64-bit type (negative: from -2**63 - 1).
 _INT64_END = 2.0 ** 63
 # The largest finite value of each binary float datatype (BF16 shares FP32's exponent).
-_FLOAT_MAX = {"FP16": np.finfo(np.float16).max, "FP32": np.finfo(np.float32).max,
-              "BF16": np.float32(3.3895314e38)}
+_FLOAT_MAX: dict[str, float] = {"FP16": float(np.finfo(np.float16).max), "FP32": float(np.finfo(np.float32).max),
+                                "BF16": 3.3895314e38}
 
 
 # --- tensor data: JSON ------------------------------------------------------
@@ -169,7 +169,7 @@ def _floats(parsed: np.ndarray, datatype: str, where: str) -> np.ndarray:
             overflow = np.isinf(result) if datatype != "FP64" else None
     if overflow is not None and overflow.any() and np.isfinite(parsed[overflow.reshape(parsed.shape)]).any():
         raise invalid(f"{where}: a value is out of range for {datatype} (its largest magnitude is "
-                      f"{float(_FLOAT_MAX[datatype]):.4g})")
+                      f"{_FLOAT_MAX[datatype]:.4g})")
     return result
 
 
