@@ -58,6 +58,13 @@ class Predict:
     rows: int | None = None  # instances in a row request; None: columnar
 
 
+class NotTensors(GatewayError):
+    """A request body that is a JSON object but no tensors the listener can
+    make (ragged instances, a custom model's own fields). V1 servers take
+    such bodies (a KServe custom model gets the object as it is), so toward
+    one it goes up unchanged; toward any other upstream it is refused."""
+
+
 # --- requests -----------------------------------------------------------------
 
 
@@ -77,6 +84,16 @@ def decode_predict(body: bytes | bytearray, specs: tuple[TensorSpec, ...], budge
             raise malformed("the request body is not valid JSON") from None
     if not isinstance(payload, dict):
         raise malformed("the request body must be a JSON object holding 'instances' or 'inputs'")
+    try:
+        return _predict(payload, specs, budget, body)
+    except GatewayError as error:
+        if error.kind in (ErrorKind.INVALID_INPUT, ErrorKind.MALFORMED_REQUEST):
+            raise NotTensors(error.kind, error.message) from None
+        raise
+
+
+def _predict(payload: dict[str, Any], specs: tuple[TensorSpec, ...], budget: TensorBudget,
+             body: bytes | bytearray) -> Predict:
     if ("instances" in payload) == ("inputs" in payload):
         raise malformed("the request must hold exactly one of 'instances' (row format) or 'inputs' (columnar "
                         "format)")
