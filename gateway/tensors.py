@@ -159,15 +159,19 @@ def _integral_beyond(values: np.ndarray, bound: float) -> bool:
 def _floats(parsed: np.ndarray, datatype: str, where: str) -> np.ndarray:
     """Numbers as ``datatype``, rounded to nearest; a finite number beyond
     its largest finite value is out of range (never infinity)."""
-    with np.errstate(over="ignore"):
+    if datatype == "FP64":
+        return parsed.astype(np.float64, copy=False)
+    largest = _FLOAT_MAX[datatype]
+    if parsed.max() <= largest and parsed.min() >= -largest:  # the usual case: nothing can overflow
+        return float_to_bf16(parsed) if datatype == "BF16" else parsed.astype(NUMPY_DTYPES[datatype], copy=False)
+    with np.errstate(over="ignore", invalid="ignore"):  # NaN, infinities, or values near or past the largest
         if datatype == "BF16":
-            bits = float_to_bf16(parsed.astype(np.float64))
-            overflow = (bits & 0x7FFF) == 0x7F80  # infinity's pattern
-            result = bits
+            result = float_to_bf16(parsed.astype(np.float64))
+            overflow = (result & 0x7FFF) == 0x7F80  # infinity's pattern
         else:
             result = parsed.astype(NUMPY_DTYPES[datatype], copy=False)
-            overflow = np.isinf(result) if datatype != "FP64" else None
-    if overflow is not None and overflow.any() and np.isfinite(parsed[overflow.reshape(parsed.shape)]).any():
+            overflow = np.isinf(result)
+    if overflow.any() and np.isfinite(parsed[overflow]).any():
         raise invalid(f"{where}: a value is out of range for {datatype} (its largest magnitude is "
                       f"{_FLOAT_MAX[datatype]:.4g})")
     return result
