@@ -27,6 +27,11 @@ from gateway.limits import BYTES_PREFIX, TensorBudget, whole_bytes
 from gateway.types import ELEMENT_SIZE, NUMPY_DTYPES, Tensor, element_count
 
 _INT_KINDS = "iu"
+# Integers from here on are beyond every 64-bit type (negative: from -2**63 - 1).
+_INT64_END = 2.0 ** 63
+# The largest finite value of each binary float datatype (BF16 shares FP32's exponent).
+_FLOAT_MAX: dict[str, float] = {"FP16": float(np.finfo(np.float16).max), "FP32": float(np.finfo(np.float32).max),
+                                "BF16": 3.3895314e38}
 
 
 # --- tensor data: JSON ------------------------------------------------------
@@ -129,19 +134,47 @@ def _checked_numbers(parsed: np.ndarray, data: Any, datatype: str, shape: tuple[
             kind = "f"
         if kind not in "fiu":
             raise invalid(f"{where}: {datatype} data must be numbers")
+        return _floats(parsed, datatype, where).reshape(shape)
     else:
         if kind == "f" and datatype == "UINT64":
             # numpy infers float64 for ints above int64's range: redo exactly
             parsed = _uint64_from_json(data, shape, where)
             kind = parsed.dtype.kind
+        if kind == "f" and _integral_beyond(parsed, _INT64_END):
+            raise invalid(f"{where}: a value is out of range for {datatype}")  # orjson's float for a big integer
         if kind not in _INT_KINDS:
             raise invalid(f"{where}: {datatype} data must be integers")
         limits = np.iinfo(NUMPY_DTYPES[datatype])
         if parsed.min() < limits.min or parsed.max() > limits.max:
             raise invalid(f"{where}: a value is out of range for {datatype}")
-    if datatype == "BF16":
-        return float_to_bf16(parsed.astype(np.float64)).reshape(shape)
     return parsed.astype(NUMPY_DTYPES[datatype], copy=False).reshape(shape)
+
+
+def _integral_beyond(values: np.ndarray, bound: float) -> bool:
+    """Whether every value is integral and one's magnitude reaches ``bound``."""
+    with np.errstate(invalid="ignore"):
+        return bool(np.abs(values).max() >= bound) and bool((np.floor(values) == values).all())
+
+
+def _floats(parsed: np.ndarray, datatype: str, where: str) -> np.ndarray:
+    """Numbers as ``datatype``, rounded to nearest; a finite number beyond
+    its largest finite value is out of range (never infinity)."""
+    if datatype == "FP64":
+        return parsed.astype(np.float64, copy=False)
+    largest = _FLOAT_MAX[datatype]
+    if parsed.max() <= largest and parsed.min() >= -largest:  # the usual case: nothing can overflow
+        return float_to_bf16(parsed) if datatype == "BF16" else parsed.astype(NUMPY_DTYPES[datatype], copy=False)
+    with np.errstate(over="ignore", invalid="ignore"):  # NaN, infinities, or values near or past the largest
+        if datatype == "BF16":
+            result = float_to_bf16(parsed.astype(np.float64))
+            overflow = (result & 0x7FFF) == 0x7F80  # infinity's pattern
+        else:
+            result = parsed.astype(NUMPY_DTYPES[datatype], copy=False)
+            overflow = np.isinf(result)
+    if overflow.any() and np.isfinite(parsed[overflow]).any():
+        raise invalid(f"{where}: a value is out of range for {datatype} (its largest magnitude is "
+                      f"{_FLOAT_MAX[datatype]:.4g})")
+    return result
 
 
 def _floats_with_nulls(data: list[Any], datatype: str, where: str) -> np.ndarray:
@@ -164,6 +197,35 @@ def _uint64_from_json(data: list[Any], shape: tuple[int, ...], where: str) -> np
         return np.array(flat, dtype=np.uint64)
     except OverflowError:
         raise invalid(f"{where}: a value is out of range for UINT64") from None
+
+
+def written_as_integers(numbers: list[Any], text: bytes | bytearray | memoryview,
+                        charge: Callable[[int], None] | None = None) -> bool:
+    """Whether JSON numbers, as orjson read them from ``text``, were all
+    written as integers. orjson reads an integer beyond 64 bits as a float,
+    so a value's datatype read from its JSON would be a float one; only the
+    text tells ``123456789012345678901234567890`` from ``1.2345678901234568e29``,
+    and it is asked only when every float is beyond 64 bits (rare)."""
+    beyond = False
+    for number in numbers:  # stops at the first float a JSON float literal could be
+        if type(number) is not int:
+            if not abs(number) >= _INT64_END:
+                return False
+            beyond = True
+    return not beyond or holds_big_integers(text, charge)
+
+
+def holds_big_integers(text: bytes | bytearray | memoryview, charge: Callable[[int], None] | None = None) -> bool:
+    """Whether JSON ``text`` holds an integer literal beyond 64 bits
+    (simdjson refuses those by name; strings are no literals to it).
+    ``charge`` takes the parser's padded copy of the text before it is made."""
+    if charge is not None:
+        charge(len(text))
+    try:
+        simdjson.Parser().parse(whole_bytes(text))
+    except (RuntimeError, ValueError) as exc:
+        return "BIGINT" in str(exc)
+    return False
 
 
 def array_to_json(tensor: Tensor) -> Any:

@@ -135,7 +135,18 @@ REST_CASES = [
     rest("UINT8 negative", {"inputs": [tensor("UINT8", data=[1, -1])]}, 400, "out of range for UINT8"),
     rest("UINT64 over 2^64", b'{"inputs": [{"name": "INPUT0", "datatype": "UINT64", "shape": [1], '
                              b'"data": [18446744073709551616]}]}', 400, "out of range for UINT64"),
-    rest("INT64 from a float", {"inputs": [tensor("INT64", data=[1e30, 1])]}, 400, "INT64 data must be integers"),
+    rest("INT64 from a float", {"inputs": [tensor("INT64", data=[0.5, 1])]}, 400, "INT64 data must be integers"),
+    # Numbers beyond their datatype (orjson reads integers beyond 64 bits as floats): never rounded to fit.
+    rest("INT64 beyond 64 bits", b'{"inputs": [{"name": "INPUT0", "datatype": "INT64", "shape": [1], '
+                                 b'"data": [123456789012345678901234567890]}]}', 400, "out of range for INT64"),
+    rest("INT64 from 1e30", {"inputs": [tensor("INT64", data=[1e30, 1])]}, 400, "out of range for INT64"),
+    rest("FP32 beyond its range", {"inputs": [tensor(data=[1.5, 1e39])]}, 400,
+         "input 'INPUT0': a value is out of range for FP32"),
+    rest("FP32 integer beyond its range", b'{"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1], '
+                                          b'"data": [1' + b"0" * 39 + b']}]}', 400, "out of range for FP32"),
+    rest("FP16 beyond its range", {"inputs": [tensor("FP16", data=[1, 70000])]}, 400, "out of range for FP16"),
+    rest("FP32 beyond its range, fast reader", {"inputs": [tensor(shape=(20000,), data=[0.5] * 19999 + [1e39])]},
+         400, "input 'INPUT0': a value is out of range for FP32"),
     # (null in floating-point data is NaN, as MLServer writes it: docs/protocols.md)
     rest("INT32 with null", {"inputs": [tensor("INT32", data=[None, 1])]}, 400, "INT32 data must be integers"),
     rest("FP32 from booleans", {"inputs": [tensor(data=[True, False])]}, 400, "FP32 data must be numbers"),
@@ -224,6 +235,12 @@ for route, label in ((GENERATE, "generate"), (GENERATE_STREAM, "generate_stream"
         rest(f"{label} deflate bomb", zlib.compress(b" " * (2 << 20)), 413, "inflates to more than the limit",
              headers={"Content-Encoding": "deflate"}, path=route),
         rest(f"{label} GET", b"", 405, f"method GET is not allowed on {route}", path=route, method="GET"),
+        rest(f"{label} integer beyond 64 bits", b'{"INPUT0": 99999999999999999999999}', 400,
+             "input 'INPUT0': a value is out of range for INT64", path=route.replace("simple", "identity")),
+        rest(f"{label} null for a number", {"INPUT0": None}, 400, "input 'INPUT0': null is not a number",
+             path=route.replace("simple", "identity")),
+        rest(f"{label} null among numbers", {"INPUT0": [1.5, None]}, 400, "input 'INPUT0': null is not a number",
+             path=route.replace("simple", "identity")),
         rest(f"{label} decoupled model, IN and DELAY differ", {"IN": [1, 2], "DELAY": [0], "WAIT": 0}, 400,
              "expected IN and DELAY shape to match", path=route.replace("simple", "repeat_int32")),
     ]
@@ -465,6 +482,17 @@ V1_CASES = [
     v1("strings for INT32", {"instances": [{**ROW, "INPUT0": ["a"] * 16}]}, 400, "INT32 data must be integers"),
     v1("floats for INT32", {"instances": [{**ROW, "INPUT0": [0.5] * 16}]}, 400, "INT32 data must be integers"),
     v1("out of range for INT32", {"instances": [{**ROW, "INPUT0": [2 ** 40] * 16}]}, 400, "out of range"),
+    # An integer literal is INT64 when no datatype is declared (identity), however large.
+    v1("integer beyond 64 bits", b'{"instances": [1, 123456789012345678901234567890]}', 400,
+       "input 'INPUT0': a value is out of range for INT64", path=V1_IDENTITY),
+    v1("integer below INT64", b'{"instances": [-9223372036854775809]}', 400,
+       "input 'INPUT0': a value is out of range for INT64", path=V1_IDENTITY),
+    v1("integer beyond INT64", b'{"instances": [18446744073709551615]}', 400,
+       "input 'INPUT0': a value is out of range for INT64", path=V1_IDENTITY),
+    v1("integer beyond 64 bits, fast reader", b'{"inputs": [' + b"1, " * 30000 + b'123456789012345678901234567890]}',
+       400, "input 'INPUT0': a value is out of range for INT64", path=V1_IDENTITY),
+    v1("number beyond FP32", {"instances": [1.5, 1e39]}, 400, "input 'INPUT0': a value is out of range for FP32",
+       path=V1_IDENTITY),
     v1("null for INT32", {"instances": [{**ROW, "INPUT0": [None] * 16}]}, 400, "INT32 data must be integers"),
     v1("parameters a list", {"instances": [ROW], "parameters": [1]}, 400, "'parameters' must be a JSON object"),
     v1("parameter an object", {"instances": [ROW], "parameters": {"p": {}}}, 400, "must be a string, number"),

@@ -258,8 +258,11 @@ def test_plain_v1_http_to_the_v1_server(gateway: GatewayProcess) -> None:
     assert requests.get(f"{base}/doubler", timeout=30).json() == {"name": "doubler", "ready": True}
     reply = requests.post(f"{base}/broken:predict", json={"instances": [[1]]}, timeout=30)
     assert reply.status_code == 502 and set(reply.json()) == {"error"}  # the server's 500, in V1's form
+    # Ragged rows are no tensors, but valid V1: the server answers them (tests/test_v1_passthrough.py).
     reply = requests.post(f"{base}/doubler:predict", json={"instances": [[1, 2], [3]]}, timeout=30)
-    assert reply.status_code == 400 and "error" in reply.json()
+    assert reply.status_code == 200 and reply.json() == {"predictions": [[2, 4], [6]]}, reply.text
+    reply = requests.post(f"{base}/doubler:predict", json={"instances": [[1, 2], ["x"]]}, timeout=30)
+    assert reply.status_code == 400 and "not a number" in reply.json()["error"], reply.text  # the server's 400
 
 
 # --- errors ---------------------------------------------------------------------------

@@ -33,6 +33,7 @@ from gateway.tensors import (
     json_numbers,
     plain,
     read_json_fast,
+    written_as_integers,
 )
 from gateway.types import MAX_DIMS, Tensor, TensorSpec, element_count
 
@@ -57,6 +58,13 @@ class Predict:
     rows: int | None = None  # instances in a row request; None: columnar
 
 
+class NotTensors(GatewayError):
+    """A request body that is a JSON object but no tensors the listener can
+    make (ragged instances, a custom model's own fields). V1 servers take
+    such bodies (a KServe custom model gets the object as it is), so toward
+    one it goes up unchanged; toward any other upstream it is refused."""
+
+
 # --- requests -----------------------------------------------------------------
 
 
@@ -76,6 +84,16 @@ def decode_predict(body: bytes | bytearray, specs: tuple[TensorSpec, ...], budge
             raise malformed("the request body is not valid JSON") from None
     if not isinstance(payload, dict):
         raise malformed("the request body must be a JSON object holding 'instances' or 'inputs'")
+    try:
+        return _predict(payload, specs, budget, body)
+    except GatewayError as error:
+        if error.kind in (ErrorKind.INVALID_INPUT, ErrorKind.MALFORMED_REQUEST):
+            raise NotTensors(error.kind, error.message) from None
+        raise
+
+
+def _predict(payload: dict[str, Any], specs: tuple[TensorSpec, ...], budget: TensorBudget,
+             body: bytes | bytearray) -> Predict:
     if ("instances" in payload) == ("inputs" in payload):
         raise malformed("the request must hold exactly one of 'instances' (row format) or 'inputs' (columnar "
                         "format)")
@@ -90,7 +108,7 @@ def decode_predict(body: bytes | bytearray, specs: tuple[TensorSpec, ...], budge
     inputs = []
     for name, value in named:
         spec = _spec(name, specs, by_name)
-        inputs.append(_tensor(spec.name if spec is not None else name or DEFAULT_INPUT, value, spec, budget))
+        inputs.append(_tensor(spec.name if spec is not None else name or DEFAULT_INPUT, value, spec, budget, body))
     return Predict(inputs, parameters, rows)
 
 
@@ -221,8 +239,9 @@ def _shape_and_leaves(value: Any, where: str, max_elements: int) -> tuple[list[i
     return shape, leaves
 
 
-def _datatype_of_values(leaves: list[Any], where: str) -> str:
-    """The default datatype of JSON leaves (:data:`DEFAULT_DATATYPES`)."""
+def _datatype_of_values(leaves: list[Any], where: str, body: bytes | bytearray, budget: TensorBudget) -> str:
+    """The default datatype of JSON leaves (:data:`DEFAULT_DATATYPES`):
+    integer literals are INT64 however large (beyond it: out of range)."""
     types = {type(leaf) for leaf in leaves}
     if not types:
         return "FP32"
@@ -233,7 +252,7 @@ def _datatype_of_values(leaves: list[Any], where: str) -> str:
     if types == {int}:
         return "INT64"
     if types <= _NUMBERS:
-        return "FP32"
+        return "INT64" if written_as_integers(leaves, body, budget.charge) else "FP32"
     shown = sorted(t.__name__ for t in types)
     raise invalid(f"{where}: values must be all numbers, all booleans or all strings/b64 objects; got {shown}")
 
@@ -294,7 +313,7 @@ def _check_fit(where: str, shape: tuple[int, ...], spec: TensorSpec | None) -> N
                       "(-1: any size)")
 
 
-def _tensor(name: str, value: Any, spec: TensorSpec | None, budget: TensorBudget) -> Tensor:
+def _tensor(name: str, value: Any, spec: TensorSpec | None, budget: TensorBudget, body: bytes | bytearray) -> Tensor:
     where = f"input '{name[:100]}'"
     if isinstance(value, JsonNumbers):
         return _numbers_tensor(name, where, value, spec, budget)
@@ -302,7 +321,7 @@ def _tensor(name: str, value: Any, spec: TensorSpec | None, budget: TensorBudget
     if spec is not None and not spec.parameters.get(ANY_DATATYPE):
         datatype = spec.datatype
     else:
-        datatype = _datatype_of_values(leaves, where)
+        datatype = _datatype_of_values(leaves, where, body, budget)
     shape = tuple(shape_list)
     count = budget.claim(datatype, shape, where)
     if datatype == "BYTES":

@@ -2,7 +2,9 @@
 clients, any upstream behind it (the mapping: codec.py, docs/protocols.md).
 
 Every answer, errors included, is JSON; errors are ``{"error": "..."}``
-with the HTTP status of their kind (errors.py)."""
+with the HTTP status of their kind (errors.py). A body that is no tensors
+(codec.NotTensors) goes as it is to a route of V1 servers, its answer
+back as it is; elsewhere it is refused."""
 
 from __future__ import annotations
 
@@ -117,9 +119,14 @@ class V1RestFrontend(HttpFrontend):
         # Nesting checked and what parsing builds charged to the memory budget first.
         await admit_json(body, reservation, offload, limits, "the request body")
         specs = await self.model_inputs(model, version, route, ctx)
-        with Translating(ctx.record, "decode"):
-            predict = await offload.run(len(body), codec.decode_predict, body, specs,
-                                        TensorBudget.of(limits, reservation.grow))
+        try:
+            with Translating(ctx.record, "decode"):
+                predict = await offload.run(len(body), codec.decode_predict, body, specs,
+                                            TensorBudget.of(limits, reservation.grow))
+        except codec.NotTensors:
+            if not self._takes_as_is(route):
+                raise
+            return await self._relay(request, model, version, body)
         del body
         infer_request = InferRequest(model, version, ctx.request_id, predict.inputs, parameters=predict.parameters)
         response = await self.dataplane.infer(infer_request, ctx)
@@ -130,6 +137,24 @@ class V1RestFrontend(HttpFrontend):
             answer = await offload.run(size, codec.encode_answer, response.outputs, predict.rows)
         reply = HttpReply(200, [answer], codec.JSON_TYPE, {REQUEST_ID_HEADER: ctx.request_id})
         return await compress(reply, accepted_coding(request.headers.get("accept-encoding", "")), offload)
+
+    def _takes_as_is(self, route: Route) -> bool:
+        """Whether every upstream of ``route`` is a V1 server (the only ones
+        offering :explain) and one relays a V1 client's bytes."""
+        return self.dataplane.offers(route, EXPLAIN_OPERATION) and self.dataplane.relays(route, PROTOCOL)
+
+    async def _relay(self, request: HttpRequest, model: str, version: str, body: bytes | bytearray) -> HttpReply:
+        """A body that is no tensors, to a V1 server as it is (already
+        bounded, nesting checked and charged); its answer comes back as it
+        is too."""
+        ctx = request.ctx
+        call = InferRequest(model, version, ctx.request_id, raw=RawPayload(PROTOCOL, body, codec.JSON_TYPE))
+        response = await self.dataplane.infer(call, ctx)
+        if response.raw is None:
+            raise GatewayError(ErrorKind.INTERNAL, "the V1 upstream's answer came without its bytes")
+        reply = HttpReply(200, [response.raw.body], codec.JSON_TYPE, {REQUEST_ID_HEADER: ctx.request_id})
+        return await compress(reply, accepted_coding(request.headers.get("accept-encoding", "")),
+                              self.services.offload)
 
     async def not_offered(self, request: HttpRequest) -> HttpReply:
         """TF Serving's Example-based APIs: tf.Example protos have no

@@ -67,11 +67,15 @@ def _leaf(value: Any) -> Any:
     return value
 
 
+def declares_datatype(spec: TensorSpec) -> bool:
+    """Whether the model's metadata gives a datatype the gateway knows and
+    does not say it takes any (the builtin ``identity``)."""
+    return spec.datatype in DATATYPES and not spec.parameters.get("any_datatype")
+
+
 def field_datatype(spec: TensorSpec, value: Any) -> str:
-    """The declared datatype; one read from the JSON when the model's
-    metadata gives none the gateway knows, or says it takes any (the
-    builtin ``identity``)."""
-    if spec.datatype in DATATYPES and not spec.parameters.get("any_datatype"):
+    """The declared datatype, else one read from the JSON's first value."""
+    if declares_datatype(spec):
         return spec.datatype
     leaf = _leaf(value)
     if isinstance(leaf, str):

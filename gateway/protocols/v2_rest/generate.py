@@ -33,8 +33,15 @@ from gateway.limits import BYTES_ELEMENT_COST, TensorBudget
 from gateway.observe import OUTCOME_CANCELLED, REQUEST_ID_HEADER
 from gateway.protocols.base import DataPlaneApi, StreamedResponse
 from gateway.protocols.v2_rest import codec
-from gateway.protocols.v2_rest.flat import METADATA_TTL, PARAMETERS_FIELD, tensor_fields, tensor_item
+from gateway.protocols.v2_rest.flat import (
+    METADATA_TTL,
+    PARAMETERS_FIELD,
+    declares_datatype,
+    tensor_fields,
+    tensor_item,
+)
 from gateway.routing import Route
+from gateway.tensors import written_as_integers
 from gateway.types import (
     DECOUPLED_PARAMETER,
     InferRequest,
@@ -70,6 +77,21 @@ def _parameter(name: str, value: Any) -> Any:
                   "the model has no input of this name)")
 
 
+def _read_datatype(item: dict[str, Any], where: str, body: bytes | bytearray,
+                   charge: Callable[[int], None] | None) -> str:
+    """The datatype of a field whose model declares none, read from all its
+    values: null is no number; integer literals are INT64 however large
+    (beyond it: out of range), other numbers FP64."""
+    leaves = item["data"]  # regular nested lists (tensor_item checked)
+    while leaves and isinstance(leaves[0], list):
+        leaves = [leaf for row in leaves for leaf in row]
+    if any(leaf is None for leaf in leaves):
+        raise invalid(f"{where}: null is not a number, string or boolean")
+    if not leaves or not all(type(leaf) in (int, float) for leaf in leaves):
+        return str(item["datatype"])  # strings or booleans by the first value; a mixture is refused as such
+    return "INT64" if written_as_integers(leaves, body, charge) else "FP64"
+
+
 def decode_generate_request(body: bytes | bytearray, model: str, version: str, specs: tuple[TensorSpec, ...],
                             limits: Limits, charge: Callable[[int], None] | None = None) -> InferRequest:
     """A generate request as an infer request of the model's inputs."""
@@ -83,7 +105,10 @@ def decode_generate_request(body: bytes | bytearray, model: str, version: str, s
     for name, value in obj.items():
         spec = by_name.get(name)
         if spec is not None:
-            items.append(tensor_item(spec, value, f"input '{name}'"))
+            item = tensor_item(spec, value, f"input '{name}'")
+            if not declares_datatype(spec):
+                item["datatype"] = _read_datatype(item, f"input '{name}'", body, charge)
+            items.append(item)
         elif name == PARAMETERS_FIELD:
             if not isinstance(value, dict):
                 raise malformed(f"the generate request: '{PARAMETERS_FIELD}' must be an object")
