@@ -537,9 +537,16 @@ class DataPlane:
     def relays(self, route: Route, protocol: str) -> bool:
         """Whether an upstream of ``route`` speaks ``protocol`` with its
         ``passthrough`` on: a frontend may then hand it the client's bytes."""
-        clusters = self.clusters
-        return any(clusters[name].config.protocol == protocol and clusters[name].config.passthrough
-                   for name in route.upstreams)
+        return any(self._relaying(name, protocol) for name in route.upstreams)
+
+    def relays_only(self, route: Route, protocol: str) -> bool:
+        """Whether every upstream of ``route`` does: bytes no other protocol
+        could read may go wherever a split sends them."""
+        return all(self._relaying(name, protocol) for name in route.upstreams)
+
+    def _relaying(self, upstream: str, protocol: str) -> bool:
+        config = self.clusters[upstream].config
+        return config.protocol == protocol and config.passthrough
 
     async def call_extension(self, operation: str, request: InferRequest, ctx: RequestContext,
                              arguments: Any = None) -> Any:

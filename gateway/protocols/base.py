@@ -61,6 +61,10 @@ class DataPlaneApi(Protocol):
         """Whether an upstream of ``route`` speaks ``protocol`` and takes a
         client's bytes unchanged (its ``passthrough`` on)."""
 
+    def relays_only(self, route: Route, protocol: str) -> bool:
+        """Whether every upstream of ``route`` does (whichever a split picks,
+        it takes bytes no other protocol could read)."""
+
     async def infer(self, request: InferRequest, ctx: RequestContext) -> InferResponse: ...
 
     async def infer_stream(self, request: InferRequest, ctx: RequestContext,

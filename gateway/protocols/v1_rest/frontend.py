@@ -139,9 +139,9 @@ class V1RestFrontend(HttpFrontend):
         return await compress(reply, accepted_coding(request.headers.get("accept-encoding", "")), offload)
 
     def _takes_as_is(self, route: Route) -> bool:
-        """Whether every upstream of ``route`` is a V1 server (the only ones
-        offering :explain) and one relays a V1 client's bytes."""
-        return self.dataplane.offers(route, EXPLAIN_OPERATION) and self.dataplane.relays(route, PROTOCOL)
+        """Whether every upstream of ``route`` is a V1 server that takes a
+        V1 client's bytes as they are."""
+        return self.dataplane.relays_only(route, PROTOCOL)
 
     async def _relay(self, request: HttpRequest, model: str, version: str, body: bytes | bytearray) -> HttpReply:
         """A body that is no tensors, to a V1 server as it is (already
