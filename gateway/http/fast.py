@@ -137,12 +137,14 @@ class FastListener:
 class _HeadParser:
     """httptools callbacks collecting one request head."""
 
-    __slots__ = ("complete", "header_bytes", "url")
+    __slots__ = ("complete", "header_bytes", "keep_alive", "parser", "url")
 
     def __init__(self) -> None:
         self.url = b""
         self.header_bytes: list[tuple[bytes, bytes]] = []
         self.complete = False
+        self.keep_alive = True
+        self.parser: httptools.HttpRequestParser | None = None
 
     def on_url(self, url: bytes) -> None:
         self.url += url
@@ -152,6 +154,10 @@ class _HeadParser:
 
     def on_headers_complete(self) -> None:
         self.complete = True
+        # Asked now: once a message without a body is complete, llhttp has
+        # reset its flags (`Connection: close` included) for the next one.
+        if self.parser is not None:
+            self.keep_alive = self.parser.should_keep_alive()
 
 
 class HeadTooLarge(Exception):
@@ -167,7 +173,10 @@ def _decode_headers(pairs: list[tuple[bytes, bytes]], max_line: int, max_headers
             raise HeadTooLarge
         # As aiohttp reads them: bytes that are no UTF-8 stay visible (as
         # surrogates) to the checks that refuse them.
-        headers[name.decode("utf-8", "surrogateescape").lower()] = value.decode("utf-8", "surrogateescape")
+        key, text = name.decode("utf-8", "surrogateescape").lower(), value.decode("utf-8", "surrogateescape")
+        if key == "connection" and key in headers:  # a list over several lines: every hop-by-hop name counts
+            text = f"{headers[key]}, {text}"
+        headers[key] = text
     return headers
 
 
@@ -409,7 +418,7 @@ class FastConnection(asyncio.Protocol):
         head_size = end + 4
         parser = _HeadParser()
         try:
-            raw = httptools.HttpRequestParser(parser)
+            raw = parser.parser = httptools.HttpRequestParser(parser)
             raw.feed_data(bytes(buffer[:head_size]))
             if not parser.complete:
                 raise httptools.HttpParserError("incomplete head")
@@ -444,7 +453,7 @@ class FastConnection(asyncio.Protocol):
         ctx = new_context(listener.name, listener.protocol, headers)
         request = FastRequest(self, method, path, params, headers, ctx, int(length), headers.get("expect"), route)
         self.request = request
-        if not raw.should_keep_alive():
+        if not parser.keep_alive:
             self._closing = True
         if buffer and request.missing:
             used = request.feed(buffer)
