@@ -13,11 +13,11 @@ breaks would read it.
 from __future__ import annotations
 
 import json
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from http_wire import exchange
 
 from support import BUILTIN_REST_CONFIG, GatewayProcess, wait_for, write_config
 
@@ -51,15 +51,7 @@ observability:
 
 
 def send(port: int, path: str) -> int:
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
-        sock.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
-        data = b""
-        while b"\r\n" not in data:
-            chunk = sock.recv(4096)
-            if not chunk:
-                break
-            data += chunk
-    return int(data.split(b" ", 2)[1]) if data.startswith(b"HTTP/1.1 ") else 0
+    return exchange(port, "GET", path)[0]
 
 
 def test_no_request_splits_or_breaks_an_access_log_line(gateway: tuple[GatewayProcess, Path, str]) -> None:

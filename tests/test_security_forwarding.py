@@ -17,6 +17,7 @@ import grpc
 import pytest
 import requests
 from graphstorm_payloads import TARGET_MODEL, movielens
+from http_wire import exchange
 
 from gateway.confignode import ConfigError
 from gateway.protocols.v2_grpc import messages as pb
@@ -66,20 +67,8 @@ def gateway(recorder: RecordingUpstream, tmp_path_factory: pytest.TempPathFactor
 
 def raw_request(port: int, method: str, path: str, headers: list[tuple[str, str]] | None = None,
                 body: bytes = b"") -> tuple[int, Any]:
-    """One request sent exactly as written (no client normalises its path)."""
-    head = f"{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {len(body)}\r\n"
-    head += "".join(f"{name}: {value}\r\n" for name, value in headers or ())
-    with socket.create_connection(("127.0.0.1", port), timeout=15) as sock:
-        sock.sendall(head.encode() + b"\r\n" + body)
-        data = b""
-        for _ in range(10_000):  # until the server closes
-            chunk = sock.recv(65536)
-            if not chunk:
-                break
-            data += chunk
-    status_line, _, rest = data.partition(b"\r\n")
-    answer = rest.partition(b"\r\n\r\n")[2]
-    return int(status_line.split()[1]), json.loads(answer) if answer else None
+    status, _, answer = exchange(port, method, path, headers or (), body)
+    return status, json.loads(answer) if answer else None
 
 
 def dot_paths(recorder: RecordingUpstream) -> list[str]:

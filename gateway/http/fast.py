@@ -26,7 +26,7 @@ import http
 import logging
 import re
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from email.utils import formatdate
 from typing import TYPE_CHECKING, Any
@@ -84,15 +84,27 @@ class FastRoute:
 
 
 class FastRoutes:
-    def __init__(self, routes: Sequence[FastRoute]) -> None:
+    """The fast routes of a listener. ``fixed_paths``: the paths without
+    parameters the aiohttp app routes; those a fast route's pattern would
+    also take (``GET /v2/models/stats`` and ``/v2/models/{model}``) are
+    handed over, as aiohttp prefers a fixed path to a pattern: both
+    servers then answer a request alike."""
+
+    def __init__(self, routes: Sequence[FastRoute], fixed_paths: Iterable[str] = ()) -> None:
         self._by_method: dict[str, list[FastRoute]] = {}
         for route in routes:
             self._by_method.setdefault(route.method, []).append(route)
+        own = {route.pattern.pattern for route in routes if not route.pattern.groups}
+        self._handed_over = frozenset(
+            path for path in fixed_paths
+            if re.escape(path) not in own and any(route.pattern.fullmatch(path) for route in routes))
 
     def __bool__(self) -> bool:
         return bool(self._by_method)
 
     def match(self, method: str, path: str) -> tuple[FastRoute, dict[str, str]] | None:
+        if path in self._handed_over:
+            return None
         for route in self._by_method.get(method, ()):
             found = route.pattern.fullmatch(path)
             if found is not None:
