@@ -170,6 +170,7 @@ class _HeadParser:
         # reset its flags (`Connection: close` included) for the next one.
         if self.parser is not None:
             self.keep_alive = self.parser.should_keep_alive()
+            self.parser = None  # no reference cycle left for the collector
 
 
 class HeadTooLarge(Exception):
