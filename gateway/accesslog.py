@@ -36,6 +36,35 @@ CLOSE_TIMEOUT = 2.0
 _SAFE_PLAIN = re.compile(r"[A-Za-z0-9._:/@\[\]#*+,%-]+")
 
 
+# orjson escapes C0 controls only: these other line breaks (str.splitlines,
+# Unicode-aware readers) would stay raw in its UTF-8 and split a line.
+_RAW_BREAKS = ((b"\xc2\x85", b"\\u0085"), (b"\xe2\x80\xa8", b"\\u2028"), (b"\xe2\x80\xa9", b"\\u2029"))
+
+
+def _valid_text(value: Any) -> Any:
+    """``value`` (a string, or a dict of fields) with lone surrogates
+    (undecodable bytes of a path) written as ``\\udcff`` escapes."""
+    if isinstance(value, dict):
+        return {key: _valid_text(item) for key, item in value.items()}
+    if isinstance(value, str):
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    return value
+
+
+def _json(value: Any) -> bytes:
+    """``value`` as one line of JSON: every character a reader may take for
+    a line break escaped. The cost is a C check, unless a non-ASCII byte is
+    present."""
+    try:
+        data = orjson.dumps(value)
+    except orjson.JSONEncodeError:  # a lone surrogate
+        data = orjson.dumps(_valid_text(value))
+    if not data.isascii():
+        for raw, escaped in _RAW_BREAKS:
+            data = data.replace(raw, escaped)
+    return data
+
+
 def _plain(fields: dict[str, Any]) -> bytes:
     """``key=value`` pairs; a string with anything but safe characters is
     JSON-quoted, so a newline or quote in a model name cannot forge a line."""
@@ -52,7 +81,7 @@ def _plain(fields: dict[str, Any]) -> bytes:
     parts = []
     for key, value in fields.items():
         if isinstance(value, str) and not _SAFE_PLAIN.fullmatch(value):
-            value = orjson.dumps(value).decode() if value else "-"
+            value = _json(value).decode() if value else "-"
         parts.append(f"{key}={value}")
     return (" ".join(parts) + "\n").encode()
 
@@ -155,7 +184,7 @@ class AccessLog:
     def format_line(self, ctx: RequestContext, duration: float, now: float) -> bytes:
         fields = self.fields(ctx, duration, now)
         if self.format == "json":
-            return orjson.dumps(fields) + b"\n"
+            return _json(fields) + b"\n"
         return _plain(fields)
 
     def write(self, ctx: RequestContext, duration: float) -> None:

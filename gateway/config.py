@@ -20,6 +20,7 @@ from gateway.confignode import ConfigError, EnvText, Node, expand_env, is_single
 from gateway.configyaml import load_yaml, read_config_text
 from gateway.extensions import DEFAULT_EXTENSIONS, GATEWAY_EXTENSIONS
 from gateway.extensions.labels import ClassificationConfig, parse_classification
+from gateway.modelnames import DOT_SEGMENTS
 from gateway.tls import CLIENT_AUTH_MODES, ListenerTls, UpstreamTls, parse_listener_tls, parse_upstream_tls
 
 DEFAULT_MAX_REQUEST_BYTES = 64 << 20
@@ -544,6 +545,9 @@ def _rewrite(node: Node) -> Rewrite:
     if node.value is None:
         return Rewrite()
     rewrite = Rewrite(node.string("model", None), node.string("version", None))
+    for key, target in (("model", rewrite.model), ("version", rewrite.version)):
+        if target in DOT_SEGMENTS:  # other targets are the operator's to choose (docs/security.md)
+            node.error(f"{target!r} is a relative path segment: an upstream would read another path", key)
     node.check_no_unknown_keys()
     return rewrite
 

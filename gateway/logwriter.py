@@ -17,11 +17,15 @@ from __future__ import annotations
 import collections
 import logging
 import os
+import re
 import select
 import threading
 import time
 from collections.abc import Callable
 
+# Line breaks for readers that split on Unicode's (str.splitlines), but for
+# \n and \r (a traceback's lines): written as escapes in the stderr log.
+_LINE_BREAKS = re.compile("[\x0b\x0c\x1c-\x1e\x85\u2028\u2029]")
 # A line's queue cost beyond its bytes (the bytes object and the deque slot),
 # so many short lines cannot hold much more memory than the byte bound says.
 LINE_OVERHEAD = 64
@@ -241,6 +245,8 @@ class StderrHandler(logging.Handler):
         except Exception:
             self.handleError(record)
             return
+        if _LINE_BREAKS.search(text):  # a message quoting a client's or an upstream's text
+            text = _LINE_BREAKS.sub(lambda found: f"\\u{ord(found.group()):04x}", text)
         self.writer.put((text + "\n").encode("utf-8", "backslashreplace"))
 
     def count_drops_with(self, hook: Callable[[int], None]) -> None:

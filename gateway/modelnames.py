@@ -15,6 +15,9 @@ import unicodedata
 from gateway.errors import invalid, is_unicode
 
 MAX_MODEL_NAME_CHARS = 256
+# Path segments URL resolution removes (RFC 3986 §5.2.4): as a model name or
+# version in an upstream's path they would name another resource.
+DOT_SEGMENTS = frozenset({".", ".."})
 
 
 def _shown(text: str) -> str:
@@ -23,8 +26,8 @@ def _shown(text: str) -> str:
 
 def check_name(text: str, what: str, *, required: bool) -> None:
     """Raise INVALID_INPUT for a name that is empty (when ``required``),
-    too long, not Unicode text, or holds control characters, ``/``, ``\\``
-    or ``..``."""
+    too long, not Unicode text, holds control characters, ``/``, ``\\``
+    or ``..``, or is ``.`` (a path segment upstream servers remove)."""
     if not text:
         if required:
             raise invalid(f"{what} is empty")
@@ -39,6 +42,8 @@ def check_name(text: str, what: str, *, required: bool) -> None:
         raise invalid(f"{what} {_shown(text)} contains a path separator")
     if ".." in text:
         raise invalid(f"{what} {_shown(text)} contains '..'")
+    if text in DOT_SEGMENTS:
+        raise invalid(f"{what} '.' is a relative path segment")
 
 
 def check_model(model: str, version: str) -> None:

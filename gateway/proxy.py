@@ -201,7 +201,7 @@ class DataPlane:
         if route is None:
             raise model_not_found(model, version)
         ctx.route = route.name
-        ctx.forward_authorization = route.config.forward_authorization
+        ctx.forward_authorization = route.forwards_authorization(ctx.headers)
         ctx.forward_headers = route.forward_headers(ctx.headers, ctx.request_id)
         ctx.record.model, ctx.record.version, ctx.record.route = model, version, route.name
         ctx.resolved = (generation, model, version, route)

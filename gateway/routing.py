@@ -25,6 +25,17 @@ NEVER_FORWARDED = frozenset({
     "accept-encoding", "expect",
 })
 NEVER_FORWARDED_PREFIXES = (":",)  # HTTP/2 pseudo-headers
+CONNECTION_HEADER = "connection"
+AUTHORIZATION_HEADER = "authorization"
+
+
+def connection_options(headers: Mapping[str, str]) -> frozenset[str]:
+    """Header names a request's ``Connection`` header lists: they belong to
+    the client's hop alone and are never forwarded (RFC 9110 §7.6.1)."""
+    value = headers.get(CONNECTION_HEADER)
+    if not value:
+        return frozenset()
+    return frozenset(name.strip().lower() for name in value.split(","))
 
 
 def compile_match(match: StringMatch) -> Callable[[str | None], bool]:
@@ -88,16 +99,24 @@ class Route:
 
     def forward_headers(self, headers: Mapping[str, str], request_id: str) -> dict[str, str]:
         """What the upstream gets: allowlisted headers, the trace context and
-        the request id; never hop-by-hop or framing headers."""
+        the request id (the gateway's own, validated or made here); never
+        hop-by-hop or framing headers, nor those the request's ``Connection``
+        header names."""
+        hop = connection_options(headers)
         forwarded = {name: value for name, value in headers.items()
                      if self._forward(name) and name not in self._never
-                     and not name.startswith(self._never_prefixes)}
+                     and not name.startswith(self._never_prefixes) and name not in hop}
         for name in ALWAYS_FORWARDED:
             if name in headers:
                 forwarded[name] = headers[name]
         if request_id:
             forwarded[REQUEST_ID_HEADER] = request_id
         return forwarded
+
+    def forwards_authorization(self, headers: Mapping[str, str]) -> bool:
+        """Whether the client's Authorization header goes upstream: when the
+        route says so and the request did not name it in ``Connection``."""
+        return self.config.forward_authorization and AUTHORIZATION_HEADER not in connection_options(headers)
 
     def matches(self, model: str, version: str, listener: str, protocol: str,
                 headers: Mapping[str, str]) -> bool:

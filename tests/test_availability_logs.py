@@ -262,6 +262,26 @@ def test_stderr_log_handler_never_blocks_on_a_stuck_stderr() -> None:
         os.close(write_end)
 
 
+def test_stderr_log_lines_cannot_be_split_by_unicode_line_breaks() -> None:
+    """A message quoting text with line breaks other than \\n (which a
+    traceback uses) stays one line for a reader splitting on every break."""
+    read_end, write_end = os.pipe()
+    handler = StderrHandler(write_end)
+    logger = logging.getLogger("test_availability_logs.breaks")
+    logger.propagate = False
+    logger.addHandler(handler)
+    try:
+        logger.error("model %s", "m\u2028forged\x85line\u2029x\x0by\x0cz\x1c\x1d\x1e")
+        handler.flush()
+        text = os.read(read_end, 65536).decode()
+        assert text.splitlines() == ["model m\\u2028forged\\u0085line\\u2029x\\u000by\\u000cz\\u001c\\u001d\\u001e"]
+    finally:
+        logger.removeHandler(handler)
+        handler.close()
+        os.close(read_end)
+        os.close(write_end)
+
+
 async def test_loop_lag_monitor_sees_a_blocked_loop_and_stops() -> None:
     observed: list[float] = []
     monitor = LoopLagMonitor(observed.append, interval=0.05)

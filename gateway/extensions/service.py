@@ -138,15 +138,24 @@ class Extensions:
     # --- statistics ----------------------------------------------------------
 
     async def statistics(self, model: str, version: str, ctx: RequestContext) -> list[ModelStatistics]:
-        """The gateway's statistics of ``model`` (all when empty). A model no
-        request has used yet gets zeros if its route and upstream know it."""
-        store = self.services.statistics
-        found: list[ModelStatistics] = store.snapshot(model, version)
+        """The gateway's statistics of ``model`` (all when empty), as the
+        asking listener sees them: only models it routes (the test ``/ready``
+        applies), with the counts of the route it resolves them to. A model
+        no request has used yet gets zeros if its route and upstream know it."""
+        routes, listener, protocol, headers = self.dataplane.routes, ctx.listener, ctx.protocol, ctx.headers
+
+        def visible(name: str, ver: str, route: str) -> bool:
+            found = routes.resolve(name, ver, listener, protocol, headers)
+            return found is not None and found.name == route
+
         if not model:
+            found = self.services.statistics.snapshot(visible=visible)
             seen = {s.name for s in found}
-            found += [ModelStatistics(name, "") for name in self.dataplane.routes.explicit_models(ctx.listener)
-                      if name not in seen]
+            found += [ModelStatistics(name, "") for name in routes.explicit_models(listener)
+                      if name not in seen and routes.resolve(name, "", listener, protocol, headers) is not None]
             return sorted(found, key=lambda s: (s.name, s.version))
+        self.dataplane.resolve(model, version, side_context(ctx))  # unknown here: MODEL_NOT_FOUND, as /ready
+        found = self.services.statistics.snapshot(model, version, visible)
         if not found:
             try:
                 await self.dataplane.model_ready(model, version, side_context(ctx))

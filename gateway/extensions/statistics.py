@@ -4,7 +4,10 @@ One accumulator for the whole gateway, fed by ``observe.finish_request``
 with the same record and duration the Prometheus metrics get, so the two
 can never disagree. Only requests the data plane routed as an inference
 count (``record.batch_size`` set); the model and version are the ones the
-client named.
+client named, kept apart by the route that took them: a listener is shown
+the counts of the routes it resolves to (``snapshot``'s ``visible``), so two
+tenants' models of one name never share numbers, and a tenant never sees
+the models of another's listener.
 
 What each number means here (the gateway computes them; an upstream
 Triton's own statistics are not forwarded):
@@ -90,25 +93,29 @@ class ModelStatistics:
              for size, b in sorted(self.batches.items())})
 
 
+# Whether the asker may see the accumulator of (model, version, route).
+Visible = Callable[[str, str, str], bool]
+
+
 class StatisticsStore:
-    """Per (model, version) accumulators; at most ``max_models`` of them (the
-    metrics' model cap), so clients cannot grow it without bound."""
+    """Per (model, version, route) accumulators; at most ``max_models`` of
+    them (the metrics' model cap), so clients cannot grow it without bound."""
 
     def __init__(self, max_models: int = 100, clock: Callable[[], float] = time.time) -> None:
         self.max_models = max_models
         self._clock = clock
-        self._models: dict[tuple[str, str], ModelStatistics] = {}
+        self._models: dict[tuple[str, str, str], ModelStatistics] = {}
 
     def observe(self, record: RequestRecord, duration: float) -> None:
         """Account one finished request (``finish_request`` calls this)."""
         if record.batch_size is None or not record.model or record.outcome == MODEL_NOT_FOUND_OUTCOME:
             return  # not an inference, or one for a model nobody serves
-        key = (record.model, record.version)
+        key = (record.model, record.version, record.route)
         stats = self._models.get(key)
         if stats is None:
             if len(self._models) >= self.max_models:
                 return
-            stats = self._models[key] = ModelStatistics(*key)
+            stats = self._models[key] = ModelStatistics(record.model, record.version)
         stats.last_inference_ms = max(stats.last_inference_ms, int(self._clock() * 1000))
         if record.outcome != OUTCOME_OK:
             stats.fail.add(duration)
@@ -128,8 +135,10 @@ class StatisticsStore:
             batch.compute_infer.add(record.upstream_seconds)
             batch.compute_output.add(record.encode_seconds)
 
-    def snapshot(self, model: str = "", version: str = "") -> list[ModelStatistics]:
+    def snapshot(self, model: str = "", version: str = "", visible: Visible | None = None) -> list[ModelStatistics]:
         """Copies of the accumulators of ``model`` (every model when empty),
-        of ``version`` (every version when empty), sorted by name."""
-        return [stats.copy() for (name, ver), stats in sorted(self._models.items())
-                if (not model or name == model) and (not version or ver == version)]
+        of ``version`` (every version when empty), that ``visible`` admits
+        (all without it), sorted by name."""
+        return [stats.copy() for (name, ver, route), stats in sorted(self._models.items())
+                if (not model or name == model) and (not version or ver == version)
+                and (visible is None or visible(name, ver, route))]

@@ -152,7 +152,10 @@ def request_context(request: web.Request, listener: str, protocol: str) -> Reque
     ctx = request.get(CONTEXT)
     if ctx is not None:
         return ctx
-    return new_context(listener, protocol, {k.lower(): v for k, v in request.headers.items()})
+    headers = {k.lower(): v for k, v in request.headers.items()}
+    if len(connection := request.headers.getall("connection", ())) > 1:  # every hop-by-hop name counts
+        headers["connection"] = ", ".join(connection)
+    return new_context(listener, protocol, headers)
 
 
 def note_error(request: web.Request, error: GatewayError) -> None:

@@ -26,7 +26,7 @@ import http
 import logging
 import re
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from email.utils import formatdate
 from typing import TYPE_CHECKING, Any
@@ -84,15 +84,27 @@ class FastRoute:
 
 
 class FastRoutes:
-    def __init__(self, routes: Sequence[FastRoute]) -> None:
+    """The fast routes of a listener. ``fixed_paths``: the paths without
+    parameters the aiohttp app routes; those a fast route's pattern would
+    also take (``GET /v2/models/stats`` and ``/v2/models/{model}``) are
+    handed over, as aiohttp prefers a fixed path to a pattern: both
+    servers then answer a request alike."""
+
+    def __init__(self, routes: Sequence[FastRoute], fixed_paths: Iterable[str] = ()) -> None:
         self._by_method: dict[str, list[FastRoute]] = {}
         for route in routes:
             self._by_method.setdefault(route.method, []).append(route)
+        own = {route.pattern.pattern for route in routes if not route.pattern.groups}
+        self._handed_over = frozenset(
+            path for path in fixed_paths
+            if re.escape(path) not in own and any(route.pattern.fullmatch(path) for route in routes))
 
     def __bool__(self) -> bool:
         return bool(self._by_method)
 
     def match(self, method: str, path: str) -> tuple[FastRoute, dict[str, str]] | None:
+        if path in self._handed_over:
+            return None
         for route in self._by_method.get(method, ()):
             found = route.pattern.fullmatch(path)
             if found is not None:
@@ -137,12 +149,14 @@ class FastListener:
 class _HeadParser:
     """httptools callbacks collecting one request head."""
 
-    __slots__ = ("complete", "header_bytes", "url")
+    __slots__ = ("complete", "header_bytes", "keep_alive", "parser", "url")
 
     def __init__(self) -> None:
         self.url = b""
         self.header_bytes: list[tuple[bytes, bytes]] = []
         self.complete = False
+        self.keep_alive = True
+        self.parser: httptools.HttpRequestParser | None = None
 
     def on_url(self, url: bytes) -> None:
         self.url += url
@@ -152,6 +166,11 @@ class _HeadParser:
 
     def on_headers_complete(self) -> None:
         self.complete = True
+        # Asked now: once a message without a body is complete, llhttp has
+        # reset its flags (`Connection: close` included) for the next one.
+        if self.parser is not None:
+            self.keep_alive = self.parser.should_keep_alive()
+            self.parser = None  # no reference cycle left for the collector
 
 
 class HeadTooLarge(Exception):
@@ -167,7 +186,10 @@ def _decode_headers(pairs: list[tuple[bytes, bytes]], max_line: int, max_headers
             raise HeadTooLarge
         # As aiohttp reads them: bytes that are no UTF-8 stay visible (as
         # surrogates) to the checks that refuse them.
-        headers[name.decode("utf-8", "surrogateescape").lower()] = value.decode("utf-8", "surrogateescape")
+        key, text = name.decode("utf-8", "surrogateescape").lower(), value.decode("utf-8", "surrogateescape")
+        if key == "connection" and key in headers:  # a list over several lines: every hop-by-hop name counts
+            text = f"{headers[key]}, {text}"
+        headers[key] = text
     return headers
 
 
@@ -409,7 +431,7 @@ class FastConnection(asyncio.Protocol):
         head_size = end + 4
         parser = _HeadParser()
         try:
-            raw = httptools.HttpRequestParser(parser)
+            raw = parser.parser = httptools.HttpRequestParser(parser)
             raw.feed_data(bytes(buffer[:head_size]))
             if not parser.complete:
                 raise httptools.HttpParserError("incomplete head")
@@ -444,7 +466,7 @@ class FastConnection(asyncio.Protocol):
         ctx = new_context(listener.name, listener.protocol, headers)
         request = FastRequest(self, method, path, params, headers, ctx, int(length), headers.get("expect"), route)
         self.request = request
-        if not raw.should_keep_alive():
+        if not parser.keep_alive:
             self._closing = True
         if buffer and request.missing:
             used = request.feed(buffer)

@@ -189,7 +189,8 @@ class HttpFrontend(Frontend):
         assert factory is not None
         factory.__class__ = _GuardedServer
         assert isinstance(factory, _GuardedServer)
-        routes = FastRoutes(self.fast_routes()) if self.listener.fast_path else FastRoutes(())
+        fixed = [r.canonical for r in self._runner.app.router.resources() if isinstance(r, web.PlainResource)]
+        routes = FastRoutes(self.fast_routes(), fixed) if self.listener.fast_path else FastRoutes(())
         self._fast = FastListener(
             self.listener.name, self.listener.protocol, self.services, routes, self.guard, self.error_reply,
             handoff=factory._handler, authenticator=lambda: self._authenticator,

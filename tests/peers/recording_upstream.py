@@ -10,7 +10,9 @@ a valid empty V2 response naming the model.
 
 ``GET /calls`` (REST port) returns every call seen so far, oldest first:
 ``{"transport", "path", "headers", "time_remaining"}`` (seconds, gRPC
-only; ``null`` without a deadline). It shares no code with the gateway.
+only; ``null`` without a deadline); ``GET /unrouted`` the raw paths of REST
+requests no route of it took (answered 404). It shares no code with the
+gateway.
 
 Run: ``python -m peers.recording_upstream PORT_FILE`` (writes
 ``{"rest": P, "grpc": Q}``).
@@ -69,10 +71,19 @@ async def serve(port_file: Path) -> None:
     async def rest_calls(request: web.Request) -> web.Response:
         return web.json_response(calls)
 
+    unrouted: list[str] = []
+
+    async def rest_unrouted(request: web.Request) -> web.Response:
+        if request.path == "/unrouted":
+            return web.json_response(unrouted)
+        unrouted.append(request.raw_path)  # as sent: aiohttp's own path has dot segments resolved
+        return web.json_response({"error": "not found"}, status=404)
+
     app = web.Application()
     app.router.add_post("/v2/models/{model}/infer", rest_infer)
     app.router.add_get("/v2/health/ready", rest_ready)
     app.router.add_get("/calls", rest_calls)
+    app.router.add_route("*", "/{tail:.*}", rest_unrouted)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -135,6 +146,12 @@ class RecordingUpstream:
         import urllib.request
 
         with urllib.request.urlopen(f"http://{self.address('rest')}/calls", timeout=5) as reply:
+            return json.loads(reply.read())  # type: ignore[no-any-return]
+
+    def unrouted(self) -> list[str]:
+        import urllib.request
+
+        with urllib.request.urlopen(f"http://{self.address('rest')}/unrouted", timeout=5) as reply:
             return json.loads(reply.read())  # type: ignore[no-any-return]
 
     def call_with(self, header: str, value: str, timeout: float = 5.0) -> dict[str, Any]:
