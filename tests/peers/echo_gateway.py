@@ -1,26 +1,14 @@
-"""The gateway in its own process with the test-only ``echo`` upstream
-protocol registered, and helpers to drive it from tests.
-
-Run with ``tests`` on PYTHONPATH: ``python -m peers.echo_gateway serve ...``.
-"""
+"""Helpers to drive a gateway process from tests: its REST base URL and
+its admin endpoints."""
 
 from __future__ import annotations
 
 import json
-import sys
 import urllib.error
 import urllib.request
-from pathlib import Path
 from typing import Any
 
-from peers.echo_upstream import ECHO_ENV
-from support import GatewayProcess, write_config
-
-
-def echo_gateway(directory: Path, config: str) -> GatewayProcess:
-    """A gateway process (not started) that knows the ``echo`` protocol."""
-    return GatewayProcess(write_config(directory, config), directory / "gateway.log", ECHO_ENV,
-                          module="peers.echo_gateway")
+from support import GatewayProcess
 
 
 def rest_base(gw: GatewayProcess, listener: str = "rest") -> str:
@@ -41,15 +29,3 @@ def admin_call(gw: GatewayProcess, path: str, method: str = "GET") -> tuple[int,
 def upstream_state(gw: GatewayProcess, name: str) -> dict[str, Any]:
     _, body = admin_call(gw, "/upstreams")
     return next(u for u in body["upstreams"] if u["name"] == name)
-
-
-def main() -> int:
-    from gateway.cli import main as gateway_main
-    from gateway.protocols import registry
-
-    registry.PROTOCOLS["echo"] = "peers.echo_upstream"
-    return gateway_main()
-
-
-if __name__ == "__main__":
-    sys.exit(main())
