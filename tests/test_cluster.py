@@ -372,7 +372,7 @@ def hold(client: FakeClient) -> asyncio.Event:
         await gate.wait()
         return await infer(request, c)
 
-    client.infer = held  # type: ignore[method-assign]
+    client.infer = held  # type: ignore[method-assign,assignment]
     return gate
 
 
