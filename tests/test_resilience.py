@@ -72,6 +72,10 @@ upstreams:
     protocol: {protocol}
     endpoints: [{at('C')}]
     circuit_breaker: {{max_requests: 4, max_pending: 2}}
+  - name: failing_first-{wire}
+    protocol: {protocol}
+    endpoints: [{at('B', 'A')}]
+    outlier_detection: {{consecutive_failures: 0}}
   - {{name: shadow-{wire}, protocol: {protocol}, endpoints: [{at('SHADOW')}]}}
   - {{name: sampled_shadow-{wire}, protocol: {protocol}, endpoints: [{at('SAMPLED')}]}}
   - {{name: dead_shadow-{wire}, protocol: {protocol}, endpoints: ["127.0.0.1:{free_port()}"]}}
@@ -91,6 +95,10 @@ routes:
     timeout: 700ms
     retry: {{attempts: 5, retry_on: [per-try-timeout], per_try_timeout: 300ms}}
   - {{match: {{model: limited-{wire}}}, upstream: limited-{wire}}}
+  - match: {{model: retried-{wire}}}
+    upstream: failing_first-{wire}
+    retry: {{attempts: 2, retry_on: [unavailable], backoff: 1ms}}
+  - {{match: {{model: unretried-{wire}}}, upstream: failing_first-{wire}}}
   - match: {{model: mirrored-{wire}}}
     upstream: a-{wire}
     mirror: [{{upstream: shadow-{wire}}}, {{upstream: dead_shadow-{wire}}}]
@@ -225,6 +233,28 @@ async def test_circuit_breaker_answers_at_once_instead_of_queueing(gateway: Gate
     assert upstream_state(gateway, name)["counters"]["overflows_total"] - before == 18
     rejected = metric_value(scrape_metrics(gateway), "gateway_circuit_breaker_rejections_total", upstream=name)
     assert rejected == 18
+
+
+async def test_an_answered_503_is_retried_only_where_the_route_says(gateway: GatewayProcess, wire: str,
+                                                                    echoes: dict[str, EchoServer]) -> None:
+    name = f"failing_first-{wire}"
+    b = echoes["B"]
+    before, tried_b = upstream_state(gateway, name)["counters"]["retries_total"], b.stats()["answered"]
+    b.control(status=503)  # answers every infer with 503 (over gRPC: UNAVAILABLE)
+    try:
+        async with aiohttp.ClientSession() as session:
+            retried = [await infer(session, rest_base(gateway), f"retried-{wire}") for _ in range(6)]
+            unretried = [await infer(session, rest_base(gateway), f"unretried-{wire}") for _ in range(6)]
+    finally:
+        b.control(status=200)
+    assert all(r.ok and r.server == "A" for r in retried), retried
+    retries = upstream_state(gateway, name)["counters"]["retries_total"] - before
+    assert retries >= 3  # round robin: every other request tried B first
+    refused = [r for r in unretried if not r.ok]
+    assert len(refused) >= 3 and len(refused) + retries == b.stats()["answered"] - tried_b
+    for result in refused:  # the upstream named, its words kept, no address
+        assert result.status == 503 and name in result.error and "echo B answers 503" in result.error, result
+        assert "127.0.0.1" not in result.error
 
 
 async def test_mirroring_changes_neither_answers_nor_latency(gateway: GatewayProcess, wire: str,
