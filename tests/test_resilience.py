@@ -219,8 +219,9 @@ async def test_circuit_breaker_answers_at_once_instead_of_queueing(gateway: Gate
             calls = [asyncio.ensure_future(infer(session, rest_base(gateway), f"limited-{wire}"))
                      for _ in range(24)]
             # 4 in flight + 2 waiting; the rest refused while those are still held.
-            await until(lambda: sum(call.done() for call in calls) == 18, 10, "the overflow to be refused")
-            assert c.stats()["in_flight"] == 4
+            await until(lambda: sum(call.done() for call in calls) == 18 and c.stats()["in_flight"] == 4, 10,
+                        "the overflow refused and four calls held upstream")
+            assert sum(call.done() for call in calls) == 18  # the two in line still wait
             c.control(hold=False)
             results = await asyncio.gather(*calls)
     finally:
