@@ -19,23 +19,14 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from peers.echo_gateway import rest_base, upstream_state
-from peers.echo_upstream import PROTOCOLS, EchoServer
+from peers.echo_gateway import rest_base, until, upstream_state
+from peers.echo_upstream import WIRES, EchoServer
 from peers.load import PAYLOAD, Result, assert_all_answered, infer, output, run_load
 from support import GatewayProcess, free_port, metric_value, scrape_metrics, wait_for, write_config
 
 
 def binomial_ok(count: int, total: int, p: float, sigmas: float = 4.5) -> bool:
     return abs(count - total * p) <= sigmas * math.sqrt(total * p * (1 - p))
-
-
-WIRES = {"rest": "v2-rest", "grpc": "v2-grpc"}  # short name -> upstream protocol
-assert set(WIRES.values()) == set(PROTOCOLS)
-
-
-async def until(predicate: object, timeout: float, what: str) -> object:
-    """``wait_for`` off the event loop, so the test's own requests go on."""
-    return await asyncio.to_thread(wait_for, predicate, timeout, what)
 
 
 @pytest.fixture(scope="module")
@@ -240,7 +231,8 @@ async def test_an_answered_503_is_retried_only_where_the_route_says(gateway: Gat
                                                                     echoes: dict[str, EchoServer]) -> None:
     name = f"failing_first-{wire}"
     b = echoes["B"]
-    before, tried_b = upstream_state(gateway, name)["counters"]["retries_total"], b.stats()["answered"]
+    # (arrivals: a slow call of an earlier test may still be answered meanwhile)
+    before, tried_b = upstream_state(gateway, name)["counters"]["retries_total"], b.stats()["infer"]
     b.control(status=503)  # answers every infer with 503 (over gRPC: UNAVAILABLE)
     try:
         async with aiohttp.ClientSession() as session:
@@ -252,7 +244,7 @@ async def test_an_answered_503_is_retried_only_where_the_route_says(gateway: Gat
     retries = upstream_state(gateway, name)["counters"]["retries_total"] - before
     assert retries >= 3  # round robin: every other request tried B first
     refused = [r for r in unretried if not r.ok]
-    assert len(refused) >= 3 and len(refused) + retries == b.stats()["answered"] - tried_b
+    assert len(refused) >= 3 and len(refused) + retries == b.stats()["infer"] - tried_b
     for result in refused:  # the upstream named, its words kept, no address
         assert result.status == 503 and name in result.error and "echo B answers 503" in result.error, result
         assert "127.0.0.1" not in result.error
@@ -318,92 +310,99 @@ async def test_no_route_and_rewrite(gateway: GatewayProcess, wire: str) -> None:
 # --- endpoints dying and coming back ------------------------------------------------------
 
 
-async def test_killing_an_endpoint_under_load_is_invisible_to_clients(tmp_path: Path, wire: str,
+async def test_killing_an_endpoint_under_load_is_invisible_to_clients(tmp_path: Path,
                                                                       echoes: dict[str, EchoServer]) -> None:
-    protocol = WIRES[wire]
+    """Both wires at once: B's REST and gRPC listeners die with its process."""
     a, b = echoes["A"], EchoServer("B", tmp_path).start()  # B: its own, to be killed
-    config = f"""
-admin: {{address: "127.0.0.1:0"}}
-listeners: [{{name: rest, protocol: v2-rest, address: "127.0.0.1:0"}}]
+    config = """
+admin: {address: "127.0.0.1:0"}
+listeners: [{name: rest, protocol: v2-rest, address: "127.0.0.1:0"}]
 upstreams:
-  - name: pair
+""" + "".join(f"""
+  - name: pair-{wire}
     protocol: {protocol}
     endpoints: ["{a.address_for(protocol)}", "{b.address_for(protocol)}"]
     health_check: {{interval: 300ms, timeout: 200ms, unhealthy_threshold: 2, healthy_threshold: 1}}
     outlier_detection: {{consecutive_failures: 2, base_ejection_time: 1s}}
-routes:
-  - match: {{model: "*"}}
-    upstream: pair
+""" for wire, protocol in WIRES.items()) + "routes:\n" + "".join(f"""
+  - match: {{model: m-{wire}}}
+    upstream: pair-{wire}
     retry: {{attempts: 3, retry_on: [connect-failure, reset], backoff: 5ms}}
-"""
+""" for wire in WIRES)
 
     def out_of_rotation() -> bool:  # ejected by the failed calls and marked down by the health checks
-        state = upstream_state(gw, "pair")["endpoints"][1]
-        return bool(state["counters"]["ejections_total"] >= 1 and not state["healthy"])
+        states = [upstream_state(gw, f"pair-{wire}")["endpoints"][1] for wire in WIRES]
+        return all(state["counters"]["ejections_total"] >= 1 and not state["healthy"] for state in states)
 
     def back_in_rotation() -> bool:
-        state = upstream_state(gw, "pair")
-        return bool(state["available"] and all(not e["ejected"] and e["healthy"] for e in state["endpoints"]))
+        states = [upstream_state(gw, f"pair-{wire}") for wire in WIRES]
+        return all(state["available"] and all(not e["ejected"] and e["healthy"] for e in state["endpoints"])
+                   for state in states)
 
     try:
         with GatewayProcess(write_config(tmp_path, config), tmp_path / "gateway.log") as gw:
             stop = asyncio.Event()
-            load = asyncio.ensure_future(run_load(rest_base(gw), "m", duration=60, concurrency=6, stop=stop))
+            loads = {wire: asyncio.ensure_future(run_load(rest_base(gw), f"m-{wire}", duration=60, concurrency=3,
+                                                          stop=stop)) for wire in WIRES}
             answered_by_a = a.stats()["answered"]
-            await until(lambda: min(a.stats()["answered"] - answered_by_a, b.stats()["answered"]) >= 20, 10,
+            await until(lambda: min(a.stats()["answered"] - answered_by_a, b.stats()["answered"]) >= 40, 10,
                         "load on both")
             b.kill()
             killed_at = time.monotonic()
             await until(out_of_rotation, 10, "B out of rotation")
             answered_by_a = a.stats()["answered"]
-            await until(lambda: a.stats()["answered"] >= answered_by_a + 20, 10, "load while B is out")
+            await until(lambda: a.stats()["answered"] >= answered_by_a + 40, 10, "load while B is out")
             while_dead = scrape_metrics(gw)
             relaunched_at = time.monotonic()
             b.start()  # back on the same ports
             back_at = time.monotonic()
             await until(back_in_rotation, 10, "B to be re-admitted")
-            await until(lambda: b.stats()["answered"] >= 20, 10, "B to take load again")
+            await until(lambda: b.stats()["answered"] >= 40, 10, "B to take load again")
             stop.set()
-            results: list[Result] = await load
-            final = upstream_state(gw, "pair")
+            results: dict[str, list[Result]] = {wire: await load for wire, load in loads.items()}
+            final = {wire: upstream_state(gw, f"pair-{wire}") for wire in WIRES}
             at_end = scrape_metrics(gw)
     finally:
         b.stop()
-    assert_all_answered(results, at_least=60)
-    # B out of rotation while dead: every request that started after it died
-    # and was answered before it was started again went to A. (One that was
-    # still on its way when B came back may rightly reach B.)
-    during = [r for r in results if killed_at < r.started and r.started + r.elapsed < relaunched_at]
-    odd = [(round(r.started - killed_at, 3), round(r.elapsed, 3), r.server, r.status) for r in during
-           if r.server != "A"]
-    assert during and not odd, odd
-    assert any(r.server == "B" for r in results if r.started > back_at)  # and back afterwards
-    assert final["endpoints"][1]["counters"]["ejections_total"] >= 1
-    assert final["counters"]["retries_total"] >= 1
-    # The same events on /metrics (issue 7).
-    b_address, a_address = b.address_for(protocol), a.address_for(protocol)
-    assert metric_value(at_end, "gateway_outlier_ejections_total", upstream="pair", endpoint=b_address) \
-        == final["endpoints"][1]["counters"]["ejections_total"]
-    assert metric_value(at_end, "gateway_outlier_ejections_total", upstream="pair", endpoint=a_address) == 0
-    assert metric_value(at_end, "gateway_upstream_retries_total", upstream="pair") == final["counters"]["retries_total"]
-    assert metric_value(while_dead, "gateway_endpoint_healthy", upstream="pair", endpoint=b_address) == 0
-    assert metric_value(at_end, "gateway_endpoint_healthy", upstream="pair", endpoint=b_address) == 1
+    for wire, protocol in WIRES.items():
+        assert_all_answered(results[wire], at_least=30)
+        # B out of rotation while dead: every request that started after it died
+        # and was answered before it was started again went to A. (One that was
+        # still on its way when B came back may rightly reach B.)
+        during = [r for r in results[wire] if killed_at < r.started and r.started + r.elapsed < relaunched_at]
+        odd = [(round(r.started - killed_at, 3), round(r.elapsed, 3), r.server, r.status) for r in during
+               if r.server != "A"]
+        assert during and not odd, (wire, odd)
+        assert any(r.server == "B" for r in results[wire] if r.started > back_at)  # and back afterwards
+        name, victim = f"pair-{wire}", final[wire]["endpoints"][1]["counters"]
+        assert victim["ejections_total"] >= 1
+        assert final[wire]["counters"]["retries_total"] >= 1
+        # The same events on /metrics (issue 7).
+        b_address, a_address = b.address_for(protocol), a.address_for(protocol)
+        assert metric_value(at_end, "gateway_outlier_ejections_total", upstream=name, endpoint=b_address) \
+            == victim["ejections_total"]
+        assert metric_value(at_end, "gateway_outlier_ejections_total", upstream=name, endpoint=a_address) == 0
+        assert metric_value(at_end, "gateway_upstream_retries_total", upstream=name) \
+            == final[wire]["counters"]["retries_total"]
+        assert metric_value(while_dead, "gateway_endpoint_healthy", upstream=name, endpoint=b_address) == 0
+        assert metric_value(at_end, "gateway_endpoint_healthy", upstream=name, endpoint=b_address) == 1
 
 
-async def test_readiness_follows_upstream_health_and_liveness_does_not(tmp_path: Path, wire: str) -> None:
-    protocol = WIRES[wire]
+async def test_readiness_follows_upstream_health_and_liveness_does_not(tmp_path: Path) -> None:
+    """Both wires at once: one upstream health-checked over REST, one over gRPC."""
     server = EchoServer("late", tmp_path)
     server.ports = {"rest": free_port(), "grpc": free_port()}
-    config = f"""
-admin: {{address: "127.0.0.1:0"}}
-listeners: [{{name: rest, protocol: v2-rest, address: "127.0.0.1:0"}}]
+    config = """
+admin: {address: "127.0.0.1:0"}
+listeners: [{name: rest, protocol: v2-rest, address: "127.0.0.1:0"}]
 upstreams:
-  - name: only
+""" + "".join(f"""
+  - name: only-{wire}
     protocol: {protocol}
     endpoints: ["{server.address_for(protocol)}"]
     health_check: {{interval: 200ms, timeout: 200ms, unhealthy_threshold: 1, healthy_threshold: 1}}
-routes: [{{match: {{model: "*"}}, upstream: only}}]
-"""
+""" for wire, protocol in WIRES.items()) + "routes:\n" + "".join(
+        f"  - {{match: {{model: m-{wire}}}, upstream: only-{wire}}}\n" for wire in WIRES)
     with GatewayProcess(write_config(tmp_path, config), tmp_path / "gateway.log") as gw:
         def status(url: str) -> int:
             try:
@@ -412,18 +411,23 @@ routes: [{{match: {{model: "*"}}, upstream: only}}]
             except urllib.error.HTTPError as error:
                 return error.code
 
+        def healthy() -> set[str]:
+            return {wire for wire in WIRES if upstream_state(gw, f"only-{wire}")["endpoints"][0]["healthy"]}
+
         rest, admin = rest_base(gw), f"http://127.0.0.1:{gw.ports['admin']}"
         assert status(f"{admin}/readyz") == 503 and status(f"{rest}/v2/health/ready") == 400
         assert status(f"{admin}/healthz") == 200 and status(f"{rest}/v2/health/live") == 200
         try:
             server.start()
-            wait_for(lambda: status(f"{admin}/readyz") == 200, 5, "readiness once the upstream is up")
-            assert status(f"{rest}/v2/health/ready") == 200
+            wait_for(lambda: healthy() == set(WIRES), 5, "both health checks to pass")
+            assert status(f"{admin}/readyz") == 200 and status(f"{rest}/v2/health/ready") == 200
             server.control(ready=False)  # up, but says it is not ready
-            wait_for(lambda: status(f"{admin}/readyz") == 503, 5, "readiness to drop with the upstream's")
+            wait_for(lambda: not healthy(), 5, "both health checks to fail")
+            assert status(f"{admin}/readyz") == 503
             server.control(ready=True)
-            wait_for(lambda: status(f"{admin}/readyz") == 200, 5, "readiness back with the upstream's")
+            wait_for(lambda: healthy() == set(WIRES), 5, "both health checks to pass again")
+            assert status(f"{admin}/readyz") == 200
         finally:
             server.stop()
-        wait_for(lambda: status(f"{admin}/readyz") == 503, 5, "readiness to drop with the upstream")
-        assert status(f"{admin}/healthz") == 200
+        wait_for(lambda: not healthy(), 5, "both upstreams down with the server")
+        assert status(f"{admin}/readyz") == 503 and status(f"{admin}/healthz") == 200

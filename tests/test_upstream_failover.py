@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -21,9 +21,9 @@ import pytest
 
 from gateway.errors import CONNECT_FAILURE, CONNECTION_RESET, ErrorKind, UpstreamFailure
 from gateway.protocols.v2_grpc.codec import decode_error
-from peers.echo_gateway import rest_base, upstream_state
+from peers.echo_gateway import rest_base, until, upstream_state
 from peers.load import assert_all_answered, run_load
-from support import GatewayProcess, free_port, wait_for, write_config
+from support import GatewayProcess, free_port, write_config
 
 SIMPLE = {"inputs": [{"name": "INPUT0", "datatype": "INT32", "shape": [1, 16], "data": list(range(16))},
                      {"name": "INPUT1", "datatype": "INT32", "shape": [1, 16], "data": [1] * 16}]}
@@ -57,10 +57,6 @@ routes:
   - {{match: {{headers: {{x-upstream: first-dead}}}}, upstream: first-dead}}
   - {{match: {{model: "*"}}, upstream: via-grpc, {retry}}}
 """
-
-
-async def until(predicate: Callable[[], object], timeout: float, what: str) -> object:
-    return await asyncio.to_thread(wait_for, predicate, timeout, what)
 
 
 @pytest.fixture

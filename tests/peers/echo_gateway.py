@@ -1,14 +1,16 @@
-"""Helpers to drive a gateway process from tests: its REST base URL and
-its admin endpoints."""
+"""Helpers to drive a gateway process from tests: its REST base URL, its
+admin endpoints, and waiting for a condition from async tests."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from typing import Any
 
-from support import GatewayProcess
+from support import GatewayProcess, wait_for
 
 
 def rest_base(gw: GatewayProcess, listener: str = "rest") -> str:
@@ -29,3 +31,8 @@ def admin_call(gw: GatewayProcess, path: str, method: str = "GET") -> tuple[int,
 def upstream_state(gw: GatewayProcess, name: str) -> dict[str, Any]:
     _, body = admin_call(gw, "/upstreams")
     return next(u for u in body["upstreams"] if u["name"] == name)
+
+
+async def until(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+    """``wait_for`` off the event loop, so the test's own requests go on meanwhile."""
+    return await asyncio.to_thread(wait_for, predicate, timeout, what)

@@ -39,7 +39,7 @@ from gateway.protocols.v2_grpc import messages as pb
 TESTS = Path(__file__).resolve().parent.parent
 # Child processes import the test peers from the tests folder.
 ECHO_ENV = {"PYTHONPATH": f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-PROTOCOLS = ("v2-rest", "v2-grpc")
+WIRES = {"rest": "v2-rest", "grpc": "v2-grpc"}  # short name -> the upstream protocol reaching it
 # An HTTP status the stand-in is told to answer, as the gRPC code a V2 server gives for it.
 _GRPC_CODE = {400: grpc.StatusCode.INVALID_ARGUMENT, 404: grpc.StatusCode.NOT_FOUND,
               500: grpc.StatusCode.INTERNAL, 503: grpc.StatusCode.UNAVAILABLE}
