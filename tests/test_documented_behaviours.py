@@ -3,8 +3,8 @@ docs/security.md), each checked against a real gateway process: the
 remote-reload guard, `Connection: close` while draining on both HTTP servers,
 SIGINT draining without the delay, an ejection that runs its full time while
 health checks pass, and a busy mirror dropping its copy. Upstreams are the
-echo stand-ins (tests/peers/echo_upstream.py), separate processes that can
-be told to fail or slow down."""
+V2 stand-ins (tests/peers/echo_upstream.py) behind the gateway's own v2-rest
+upstream client: separate processes that can be told to fail or slow down."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 from netns import OTHER_ADDRESS, private_network
 
-from peers.echo_gateway import echo_gateway, upstream_state
+from peers.echo_gateway import upstream_state
 from peers.echo_upstream import EchoServer
 from peers.load import PAYLOAD
 from support import BUILTIN_REST_CONFIG, SIMPLE_INFER_REQUEST, GatewayProcess, wait_for, write_config
@@ -190,11 +190,11 @@ def test_responses_during_the_drain_delay_say_connection_close_on_both_servers(t
 def test_sigint_drains_without_the_delay(tmp_path: Path, echoes: dict[str, EchoServer]) -> None:
     """drain.delay is a minute: SIGINT must not wait for it, yet the request
     in flight is still answered."""
-    config = ECHO_LISTENER + f"""upstreams: [{{name: a, protocol: echo, endpoints: ["{echoes["A"].address}"]}}]
+    config = ECHO_LISTENER + f"""upstreams: [{{name: a, protocol: v2-rest, endpoints: ["{echoes["A"].address}"]}}]
 routes: [{{match: {{model: "*"}}, upstream: a}}]
 drain: {{delay: 60s, timeout: 10s}}
 """
-    gw = echo_gateway(tmp_path, config).start()
+    gw = GatewayProcess(write_config(tmp_path, config), tmp_path / "gateway.log").start()
     try:
         with ThreadPoolExecutor(1) as pool:
             answer = pool.submit(_echo_infer, gw, "m", {**PAYLOAD, "parameters": {"delay_ms": 1500}})
@@ -220,13 +220,13 @@ def test_an_ejection_runs_its_full_time_while_health_checks_pass(tmp_path: Path,
     a, b = echoes["A"], echoes["B"]
     config = ECHO_LISTENER + f"""upstreams:
   - name: pair
-    protocol: echo
+    protocol: v2-rest
     endpoints: ["{a.address}", "{b.address}"]
     health_check: {{interval: 100ms, timeout: 1s, unhealthy_threshold: 1, healthy_threshold: 1}}
     outlier_detection: {{consecutive_failures: 1, base_ejection_time: 8s}}
 routes: [{{match: {{model: "*"}}, upstream: pair}}]
 """
-    with echo_gateway(tmp_path, config) as gw:
+    with GatewayProcess(write_config(tmp_path, config), tmp_path / "gateway.log") as gw:
         b.control(status=503)  # B fails requests, yet answers its readiness probe
         for _ in range(20):
             _echo_infer(gw, "m")
@@ -259,15 +259,15 @@ def test_a_busy_mirror_drops_its_copy_and_metadata_is_never_mirrored(tmp_path: P
                                                                     with_shadow: dict[str, EchoServer]) -> None:
     a, shadow = with_shadow["A"], with_shadow["SHADOW"]
     config = ECHO_LISTENER + f"""upstreams:
-  - {{name: main, protocol: echo, endpoints: ["{a.address}"]}}
+  - {{name: main, protocol: v2-rest, endpoints: ["{a.address}"]}}
   - name: shadow
-    protocol: echo
+    protocol: v2-rest
     endpoints: ["{shadow.address}"]
     timeout: 20s
     circuit_breaker: {{max_requests: 1, max_pending: 8}}  # requests could wait in line: copies must not
 routes: [{{match: {{model: "*"}}, upstream: main, mirror: [{{upstream: shadow}}]}}]
 """
-    with echo_gateway(tmp_path, config) as gw:
+    with GatewayProcess(write_config(tmp_path, config), tmp_path / "gateway.log") as gw:
         port = gw.ports["rest"]
         assert _get(port, "/v2/models/m") == 200 and _get(port, "/v2/models/m/ready") == 200
         assert a.stats()["metadata"] == 1 and a.stats()["model_ready"] == 1

@@ -21,7 +21,7 @@ import pytest
 
 from gateway.errors import CONNECT_FAILURE, CONNECTION_RESET, ErrorKind, UpstreamFailure
 from gateway.protocols.v2_grpc.codec import decode_error
-from peers.echo_gateway import rest_base
+from peers.echo_gateway import rest_base, until, upstream_state
 from peers.load import assert_all_answered, run_load
 from support import GatewayProcess, free_port, write_config
 
@@ -100,18 +100,25 @@ async def test_a_dead_first_grpc_endpoint_is_skipped_by_the_default_retry(backen
 @pytest.mark.parametrize("upstream", ["rest", "grpc"])
 async def test_killing_a_v2_endpoint_under_load_is_invisible_to_clients(backends: list[GatewayProcess],
                                                                          tmp_path: Path, upstream: str) -> None:
+    name = f"via-{upstream}"
+
+    def sent(endpoint: int) -> int:
+        return int(upstream_state(gw, name)["endpoints"][endpoint]["counters"]["requests_total"])
+
     with GatewayProcess(write_config(tmp_path, front_config(backends, free_port())), tmp_path / "front.log") as gw:
         stop = asyncio.Event()
         load = asyncio.ensure_future(run_load(rest_base(gw), "simple", duration=60, concurrency=6, stop=stop,
                                               headers={"x-upstream": upstream}, payload=SIMPLE))
-        await asyncio.sleep(1.0)
+        await until(lambda: sent(1) >= 20, 10, "load on the backend to be killed")
         victim = backends[1].proc
         assert victim is not None
         victim.send_signal(signal.SIGKILL)  # no drain: connections die under in-flight calls
         await asyncio.to_thread(victim.wait, 10)
-        await asyncio.sleep(1.5)
+        survivor = sent(0)
+        await until(lambda: upstream_state(gw, name)["endpoints"][1]["counters"]["failures_total"] >= 1
+                    and sent(0) >= survivor + 50, 10, "the death noticed and load going on")
         stop.set()
         results = await load
-    assert_all_answered(results, at_least=100)
+    assert_all_answered(results, at_least=60)
     answers = [r.body["outputs"][0]["data"] for r in results]
     assert all(a == [i + 1 for i in range(16)] for a in answers)

@@ -1,26 +1,16 @@
-"""The gateway in its own process with the test-only ``echo`` upstream
-protocol registered, and helpers to drive it from tests.
-
-Run with ``tests`` on PYTHONPATH: ``python -m peers.echo_gateway serve ...``.
-"""
+"""Helpers to drive a gateway process from tests: its REST base URL, its
+admin endpoints, and waiting for a condition from async tests."""
 
 from __future__ import annotations
 
+import asyncio
 import json
-import sys
 import urllib.error
 import urllib.request
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
-from peers.echo_upstream import ECHO_ENV
-from support import GatewayProcess, write_config
-
-
-def echo_gateway(directory: Path, config: str) -> GatewayProcess:
-    """A gateway process (not started) that knows the ``echo`` protocol."""
-    return GatewayProcess(write_config(directory, config), directory / "gateway.log", ECHO_ENV,
-                          module="peers.echo_gateway")
+from support import GatewayProcess, wait_for
 
 
 def rest_base(gw: GatewayProcess, listener: str = "rest") -> str:
@@ -43,13 +33,6 @@ def upstream_state(gw: GatewayProcess, name: str) -> dict[str, Any]:
     return next(u for u in body["upstreams"] if u["name"] == name)
 
 
-def main() -> int:
-    from gateway.cli import main as gateway_main
-    from gateway.protocols import registry
-
-    registry.PROTOCOLS["echo"] = "peers.echo_upstream"
-    return gateway_main()
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+async def until(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+    """``wait_for`` off the event loop, so the test's own requests go on meanwhile."""
+    return await asyncio.to_thread(wait_for, predicate, timeout, what)

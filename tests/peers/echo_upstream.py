@@ -1,14 +1,19 @@
-"""A controllable test upstream: an aiohttp process speaking a V2-REST-like
-JSON wire, plus the ``echo`` upstream client the test gateway registers.
+"""A controllable V2 upstream stand-in, one process speaking both V2 REST
+(aiohttp) and V2 gRPC (grpc.aio) over real loopback sockets.
 
 No real model server can be told to slow down, fail with 503, turn unready
-or die on cue, so the resilience tests use this one; it is registered only by
-tests (``peers/echo_gateway.py``), never by the product. Every answer names
-the server that gave it (output ``SERVER``) and the headers it received
-(output ``HEADERS``, JSON), so tests can see load balancing, splits and
-header forwarding from the client side.
+or die on cue, so the resilience, reload and drain tests put the product's
+own ``v2-rest`` and ``v2-grpc`` upstream clients in front of this one. Every
+answer echoes the inputs and adds two BYTES outputs: ``SERVER`` (which
+stand-in answered) and ``HEADERS`` (JSON of the HTTP headers or gRPC
+metadata it received), so tests see load balancing, splits and header
+forwarding from the client side. A request parameter ``delay_ms`` delays
+that one answer; ``control(hold=True)`` holds every answer until
+``control(hold=False)``, so a test can wait for a condition while requests
+are in flight instead of guessing a time.
 
-Run: ``python -m peers.echo_upstream --id A --port 0 --port-file F [--delay S]``.
+Run: ``python -m peers.echo_upstream --id A --port-file F [--rest-port P --grpc-port Q --delay S]``;
+the port file holds ``{"rest": P, "grpc": Q}`` once both listen.
 """
 
 from __future__ import annotations
@@ -18,26 +23,29 @@ import asyncio
 import contextlib
 import json
 import os
+import struct
 import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import aiohttp
+import grpc
 from aiohttp import web
 
-from gateway.confignode import Node
-from gateway.errors import connect_failure, connection_reset
-from gateway.protocols.base import UpstreamClient
-from gateway.protocols.v2_rest import codec
-from gateway.types import InferRequest, InferResponse, ModelMetadata, RequestContext
+from gateway.protocols.v2_grpc import messages as pb
 
 TESTS = Path(__file__).resolve().parent.parent
 # Child processes import the test peers from the tests folder.
 ECHO_ENV = {"PYTHONPATH": f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+WIRES = {"rest": "v2-rest", "grpc": "v2-grpc"}  # short name -> the upstream protocol reaching it
+# An HTTP status the stand-in is told to answer, as the gRPC code a V2 server gives for it.
+_GRPC_CODE = {400: grpc.StatusCode.INVALID_ARGUMENT, 404: grpc.StatusCode.NOT_FOUND,
+              500: grpc.StatusCode.INTERNAL, 503: grpc.StatusCode.UNAVAILABLE}
+# gRPC metadata that grpc itself adds, not the caller.
+_GRPC_OWN = ("user-agent", "grpc-", ":")
 
 # --- the server process ---------------------------------------------------------
 
@@ -47,34 +55,55 @@ class EchoState:
         self.name = name
         self.delay = delay
         self.ready = True
-        self.status = 200  # anything else: infer answers this status
+        self.status = 200  # anything else: infer answers this status (its gRPC code over gRPC)
         self.infer_count = 0
         self.other_calls = {"metadata": 0, "model_ready": 0, "server_ready": 0}  # for /stats
         self.in_flight = 0
         self.max_in_flight = 0
+        self.answered = 0
+        self.released = asyncio.Event()  # cleared: answers wait for it
+        self.released.set()
+
+    async def serve_infer(self, delay_ms: float, answer: Callable[[], Awaitable[Any]],
+                          fail: Callable[[str], Awaitable[Any]]) -> Any:
+        """One infer, whichever transport: count it, wait, then fail or answer."""
+        self.infer_count += 1
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            delay = self.delay + delay_ms / 1000
+            if delay:
+                await asyncio.sleep(delay)
+            await self.released.wait()
+            self.answered += 1
+            if self.status != 200:
+                return await fail(f"echo {self.name} answers {self.status}")
+            return await answer()
+        finally:
+            self.in_flight -= 1
 
 
 def build_app(state: EchoState) -> web.Application:
     async def infer(request: web.Request) -> web.Response:
-        state.infer_count += 1
-        state.in_flight += 1
-        state.max_in_flight = max(state.max_in_flight, state.in_flight)
-        try:
-            body = await request.json()
-            delay = state.delay + float(body.get("parameters", {}).get("delay_ms", 0)) / 1000
-            if delay:
-                await asyncio.sleep(delay)
-            if state.status != 200:
-                return web.json_response({"error": f"echo {state.name} answers {state.status}"},
-                                         status=state.status)
+        body = await request.json()
+
+        async def answer() -> web.Response:
             headers = {k.lower(): v for k, v in request.headers.items()}
             outputs = [{k: item[k] for k in ("name", "datatype", "shape", "data")} for item in body["inputs"]]
             outputs.append({"name": "SERVER", "datatype": "BYTES", "shape": [1], "data": [state.name]})
             outputs.append({"name": "HEADERS", "datatype": "BYTES", "shape": [1], "data": [json.dumps(headers)]})
             return web.json_response({"model_name": request.match_info["model"], "id": body.get("id", ""),
                                       "outputs": outputs})
-        finally:
-            state.in_flight -= 1
+
+        async def fail(message: str) -> web.Response:
+            return web.json_response({"error": message}, status=state.status)
+
+        delay_ms = float(body.get("parameters", {}).get("delay_ms", 0))
+        return await state.serve_infer(delay_ms, answer, fail)  # type: ignore[no-any-return]
+
+    async def server_metadata(request: web.Request) -> web.Response:
+        # No binary tensor extension: the gateway sends JSON.
+        return web.json_response({"name": "echo", "version": "1", "extensions": []})
 
     async def metadata(request: web.Request) -> web.Response:
         state.other_calls["metadata"] += 1
@@ -90,13 +119,17 @@ def build_app(state: EchoState) -> web.Application:
         state.delay = float(changes.get("delay", state.delay))
         state.ready = bool(changes.get("ready", state.ready))
         state.status = int(changes.get("status", state.status))
+        if "hold" in changes:
+            (state.released.clear if changes["hold"] else state.released.set)()
         return web.json_response({"ok": True})
 
     async def stats(request: web.Request) -> web.Response:
-        return web.json_response({"infer": state.infer_count, "max_in_flight": state.max_in_flight,
+        return web.json_response({"infer": state.infer_count, "answered": state.answered,
+                                  "in_flight": state.in_flight, "max_in_flight": state.max_in_flight,
                                   **state.other_calls})
 
     app = web.Application()
+    app.router.add_get("/v2", server_metadata)
     app.router.add_post("/v2/models/{model}/infer", infer)
     app.router.add_get("/v2/models/{model}", metadata)
     app.router.add_get("/v2/models/{model}/ready", ready)
@@ -106,14 +139,82 @@ def build_app(state: EchoState) -> web.Application:
     return app
 
 
-async def serve(name: str, port: int, port_file: Path, delay: float) -> None:
-    runner = web.AppRunner(build_app(EchoState(name, delay)), access_log=None)
+def _bytes_raw(text: str) -> bytes:
+    """One BYTES element as raw contents: a uint32 LE length, then the bytes."""
+    data = text.encode()
+    return struct.pack("<I", len(data)) + data
+
+
+def _delay_ms(message: Any) -> float:
+    if "delay_ms" not in message.parameters:
+        return 0.0
+    parameter = message.parameters["delay_ms"]
+    return float(getattr(parameter, parameter.WhichOneof("parameter_choice")))
+
+
+def grpc_handlers(state: EchoState) -> grpc.GenericRpcHandler:
+    async def model_infer(data: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        message = pb.ModelInferRequest.FromString(data)
+
+        async def answer() -> bytes:
+            headers = {k: v for k, v in context.invocation_metadata() or ()
+                       if isinstance(v, str) and not k.startswith(_GRPC_OWN)}
+            reply = pb.ModelInferResponse(model_name=message.model_name, model_version=message.model_version,
+                                          id=message.id)
+            for item in message.inputs:
+                output = reply.outputs.add(name=item.name, datatype=item.datatype, shape=item.shape)
+                if not message.raw_input_contents:
+                    output.contents.CopyFrom(item.contents)
+            extra = (("SERVER", state.name), ("HEADERS", json.dumps(headers)))
+            for name, text in extra:
+                output = reply.outputs.add(name=name, datatype="BYTES", shape=[1])
+                if not message.raw_input_contents:
+                    output.contents.bytes_contents.append(text.encode())
+            if message.raw_input_contents:  # raw for one output means raw for all
+                reply.raw_output_contents.extend([*message.raw_input_contents, *(_bytes_raw(t) for _, t in extra)])
+            return bytes(reply.SerializeToString())
+
+        async def fail(text: str) -> bytes:
+            await context.abort(_GRPC_CODE.get(state.status, grpc.StatusCode.UNKNOWN), text)
+            raise AssertionError("abort raises")
+
+        return await state.serve_infer(_delay_ms(message), answer, fail)  # type: ignore[no-any-return]
+
+    async def server_ready(data: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        return bytes(pb.ServerReadyResponse(ready=state.ready).SerializeToString())
+
+    async def model_ready(data: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        return bytes(pb.ModelReadyResponse(ready=state.ready).SerializeToString())
+
+    async def server_live(data: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        return bytes(pb.ServerLiveResponse(live=True).SerializeToString())
+
+    async def model_metadata(data: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        name = pb.ModelMetadataRequest.FromString(data).name
+        return bytes(pb.ModelMetadataResponse(name=name, versions=["1"], platform="echo").SerializeToString())
+
+    methods = {"ModelInfer": model_infer, "ServerReady": server_ready, "ModelReady": model_ready,
+               "ServerLive": server_live, "ModelMetadata": model_metadata}
+    # No (de)serializers: the handlers take and give bytes.
+    return grpc.method_handlers_generic_handler(pb.SERVICE, {
+        name: grpc.unary_unary_rpc_method_handler(handler) for name, handler in methods.items()})
+
+
+async def serve(name: str, rest_port: int, grpc_port: int, port_file: Path, delay: float) -> None:
+    state = EchoState(name, delay)
+    runner = web.AppRunner(build_app(state), access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", port, reuse_address=True)
+    site = web.TCPSite(runner, "127.0.0.1", rest_port, reuse_address=True)
     await site.start()
-    bound = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    rest_bound = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    server.add_generic_rpc_handlers((grpc_handlers(state),))
+    grpc_bound = server.add_insecure_port(f"127.0.0.1:{grpc_port}")
+    if not grpc_bound:
+        raise OSError(f"cannot listen on gRPC port {grpc_port}")
+    await server.start()
     tmp = port_file.with_suffix(".tmp")
-    tmp.write_text(str(bound))
+    tmp.write_text(json.dumps({"rest": rest_bound, "grpc": grpc_bound}))
     tmp.replace(port_file)
     await asyncio.Event().wait()
 
@@ -121,34 +222,36 @@ async def serve(name: str, port: int, port_file: Path, delay: float) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--id", required=True)
-    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--rest-port", type=int, default=0)
+    parser.add_argument("--grpc-port", type=int, default=0)
     parser.add_argument("--port-file", type=Path, required=True)
     parser.add_argument("--delay", type=float, default=0.0)
     args = parser.parse_args()
-    asyncio.run(serve(args.id, args.port, args.port_file, args.delay))
+    asyncio.run(serve(args.id, args.rest_port, args.grpc_port, args.port_file, args.delay))
 
 
 class EchoServer:
-    """One echo server process, controlled from a test (stopped by pid)."""
+    """One stand-in process, controlled from a test (stopped by pid)."""
 
     def __init__(self, name: str, directory: Path, delay: float = 0.0) -> None:
         self.name = name
         self.directory = directory
         self.delay = delay
-        self.port = 0
+        self.ports = {"rest": 0, "grpc": 0}
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
     def _port_file(self) -> Path:
-        return self.directory / f"echo-{self.name}.port"
+        return self.directory / f"echo-{self.name}.ports"
 
     def launch(self) -> EchoServer:
-        """Start the process (on the same port as before, after a restart)."""
+        """Start the process (on the same ports as before, after a restart)."""
         self._port_file.unlink(missing_ok=True)
         env = {**os.environ, **ECHO_ENV}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "peers.echo_upstream", "--id", self.name, "--port", str(self.port),
-             "--port-file", str(self._port_file), "--delay", str(self.delay)],
+            [sys.executable, "-m", "peers.echo_upstream", "--id", self.name, "--rest-port", str(self.ports["rest"]),
+             "--grpc-port", str(self.ports["grpc"]), "--port-file", str(self._port_file),
+             "--delay", str(self.delay)],
             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         return self
 
@@ -161,7 +264,7 @@ class EchoServer:
                  f"echo server {self.name} to start")
         if proc.poll() is not None:
             raise RuntimeError(f"echo server {self.name} exited with {proc.returncode}")
-        self.port = int(self._port_file.read_text())
+        self.ports = json.loads(self._port_file.read_text())
         return self
 
     def start(self, timeout: float = 20.0, tries: int = 3) -> EchoServer:
@@ -171,7 +274,7 @@ class EchoServer:
             try:
                 return self.launch().wait_ready(timeout)
             except RuntimeError:
-                if attempt == tries - 1 or not self.port:
+                if attempt == tries - 1 or not self.ports["rest"]:
                     raise
                 time.sleep(0.2)
         raise AssertionError("unreachable")
@@ -197,7 +300,12 @@ class EchoServer:
 
     @property
     def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        """The V2 REST address (also where the test controls it)."""
+        return f"127.0.0.1:{self.ports['rest']}"
+
+    def address_for(self, protocol: str) -> str:
+        """Where the upstream protocol ``v2-rest`` or ``v2-grpc`` reaches this server."""
+        return f"127.0.0.1:{self.ports['grpc' if protocol == 'v2-grpc' else 'rest']}"
 
     def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
         data = json.dumps(body).encode() if body is not None else None
@@ -223,70 +331,6 @@ class EchoServer:
         if self.proc is not None:
             stop_process(self.proc)
 
-
-# --- the upstream client (registered as protocol "echo" by tests only) --------------
-
-
-class EchoClient(UpstreamClient):
-    """Speaks the echo server's JSON wire to one endpoint over pooled HTTP."""
-
-    @classmethod
-    def parse_options(cls, node: Node) -> Any:
-        return None
-
-    _session: aiohttp.ClientSession | None = None
-
-    @property
-    def base(self) -> str:
-        return f"http://{self.endpoint}"
-
-    async def start(self) -> None:
-        connector = aiohttp.TCPConnector(limit=self.upstream.connection_pool.max_connections)
-        self._session = aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None))
-
-    async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-
-    async def _request(self, method: str, path: str, ctx: RequestContext, body: bytes | None = None,
-                       headers: dict[str, str] | None = None) -> tuple[int, bytes]:
-        assert self._session is not None, "start() was not called"
-        try:
-            async with self._session.request(method, self.base + path, data=body,
-                                             headers={**ctx.forward_headers, **(headers or {})}) as reply:
-                return reply.status, await reply.read()
-        except aiohttp.ClientConnectorError as exc:
-            raise connect_failure(self.label, str(exc)) from exc
-        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, aiohttp.ClientPayloadError) as exc:
-            raise connection_reset(self.label, str(exc) or type(exc).__name__) from exc
-
-    async def infer(self, request: InferRequest, ctx: RequestContext) -> InferResponse:
-        body, headers = codec.encode_infer_request(request, binary=False)
-        status, reply = await self._request("POST", f"/v2/models/{request.model_name}/infer", ctx, body,
-                                            {**headers, "Content-Type": codec.JSON_TYPE})
-        if status != 200:
-            raise codec.decode_error(status, reply, self.label)
-        return codec.decode_infer_response(reply, None, 1 << 20)
-
-    async def model_metadata(self, model: str, version: str, ctx: RequestContext) -> ModelMetadata:
-        status, reply = await self._request("GET", f"/v2/models/{model}", ctx)
-        if status != 200:
-            raise codec.decode_error(status, reply, self.label)
-        return codec.decode_model_metadata(reply)
-
-    async def model_ready(self, model: str, version: str, ctx: RequestContext) -> bool:
-        status, _ = await self._request("GET", f"/v2/models/{model}/ready", ctx)
-        return status == 200
-
-    async def server_ready(self, ctx: RequestContext) -> bool:
-        status, _ = await self._request("GET", "/v2/health/ready", ctx)
-        return status == 200
-
-
-
-# What the registry reads when the test gateway registers this module as a protocol.
-__all__ = ["BACKEND", "ECHO_ENV", "EchoClient", "EchoServer", "EchoState"]
-BACKEND = EchoClient
 
 if __name__ == "__main__":
     main()
