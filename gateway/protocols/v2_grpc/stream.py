@@ -65,9 +65,18 @@ def stream_reply(reply: bytes, final: bool) -> bytes:
     return rawwire.message_field(INFER_RESPONSE_FIELD, (reply, _MARKERS[final]))
 
 
-def stream_error(message: str, request: InferRequest | None) -> bytes:
+class Named(Protocol):
+    """What names a request in its responses (an InferRequest, a codec.RequestError)."""
+
+    id: str
+    model_name: str
+    model_version: str
+
+
+def stream_error(message: str, request: Named | None) -> bytes:
     """A ModelStreamInferResponse carrying an error for one request, with
-    what Triton puts beside it: the request's id, model and the final flag."""
+    what Triton puts beside it: the request's id, model and the final flag
+    (only a message too broken to name its request goes without)."""
     head = pb.ModelInferResponse()
     if request is not None:
         head.id, head.model_name, head.model_version = request.id, request.model_name, request.model_version
@@ -209,7 +218,8 @@ class StreamSession:
             raise
         except Exception as exc:
             state.responses = 1
-            task = asyncio.ensure_future(self._fail(exc, ctx, None))
+            named = exc if isinstance(exc, codec.RequestError) else None
+            task = asyncio.ensure_future(self._fail(exc, ctx, named))
         else:
             key = sequence_key(request)
             previous = self.sequences.get(key) if key is not None else None
@@ -263,7 +273,7 @@ class StreamSession:
             state.responses += 1
             await self._fail(exc, ctx, request)
 
-    async def _fail(self, exc: BaseException, ctx: RequestContext, request: InferRequest | None) -> None:
+    async def _fail(self, exc: BaseException, ctx: RequestContext, request: Named | None) -> None:
         """An error for one request: sent in its place, then the stream goes on."""
         if isinstance(exc, GatewayError):
             error = exc
