@@ -1,10 +1,12 @@
 """A ModelStreamInfer client that sends big requests, reads nothing and
 vanishes gives back everything its stream held of the memory budget: the
 responses queued for it, those still being delivered when it left, and the
-requests in flight. The gateway runs in its own process; while the clients
-attack, a health probe on the REST listener keeps being answered; after
-them, the budget is whole again and a big request fits. A vanished client
-is one INFO line in the log, never an ERROR with a traceback.
+requests in flight; their buffers are freed when it leaves, not when the
+cyclic garbage collector gets to them (RSS does not grow per client). The
+gateway runs in its own process; while the clients attack, a health probe
+on the REST listener keeps being answered; after them, the budget is whole
+again and a big request fits. A vanished client is one INFO line in the
+log, never an ERROR with a traceback.
 """
 
 from __future__ import annotations
@@ -19,11 +21,16 @@ import grpc
 import pytest
 
 from gateway.protocols.v2_grpc import messages as pb
+from peers.stall_attack import rss_bytes
 from support import GatewayProcess, metric_value, scrape_metrics, wait_for, write_config
 
 MESSAGE = 4 << 20  # bytes of one request's tensor
 REQUESTS = 16  # sent on each stream, more than it may have in flight and buffered
-CLIENTS = 3  # vanished one after the other: what a leak keeps adds up past the budget
+CLIENTS = 6  # vanished one after the other: what a leak keeps adds up past the budget
+# Each vanished stream left ~32 MiB of buffers that only the cyclic garbage
+# collector could free (cancelled tasks kept their tracebacks): RSS grew by
+# ~220 MiB over the clients after the first. Freed at once, it grows ~30.
+RSS_GROWTH_BOUND = 80 << 20
 BUDGET = 48 << 20  # room for one whole stream (~44 MiB: its requests in flight, buffer, deliveries)
 PROBE_BOUND = 1.0  # seconds: the health probe on the other listener answers within this
 
@@ -122,16 +129,20 @@ class HealthProbe(threading.Thread):
 
 
 def test_vanished_stream_clients_give_the_budget_back(gateway: GatewayProcess) -> None:
+    assert gateway.proc is not None
     probe = HealthProbe(gateway.ports["rest"])
     probe.start()
+    rss = []
     try:
         for _ in range(CLIENTS):
             asyncio.run(vanishing_client(gateway.url("grpc"), gateway))
             wait_for(lambda: stream_state(gateway) == (0.0, 0.0), 15, "the stream and its requests to end")
+            rss.append(rss_bytes(gateway.proc.pid))
     finally:
         probe.stopped.set()
         probe.join(10)
     assert probe.failures == 0 and max(probe.latencies) <= PROBE_BOUND, (probe.failures, max(probe.latencies))
+    assert rss[-1] - rss[0] <= RSS_GROWTH_BOUND, [size >> 20 for size in rss]
     wait_for(lambda: inflight(gateway) == 0, 10, "gateway_inflight_bytes to come back to 0")
     log = gateway.log()
     assert "Traceback" not in log and " ERROR " not in log
