@@ -297,7 +297,7 @@ class StreamSession:
         finish_request(self.services, ctx)
 
 
-def _drop_cancellation(task: asyncio.Task[None]) -> None:
+def _drop_cancellation(task: asyncio.Future[None]) -> None:
     """A cancelled task keeps its CancelledError, whose traceback keeps the
     request's frames (its messages) and, through the asyncio.timeout of its
     upstream call, the task: a cycle only the cyclic collector frees, late,
