@@ -27,9 +27,9 @@ from support import GatewayProcess, metric_value, scrape_metrics, wait_for, writ
 MESSAGE = 4 << 20  # bytes of one request's tensor
 REQUESTS = 16  # sent on each stream, more than it may have in flight and buffered
 CLIENTS = 6  # vanished one after the other: what a leak keeps adds up past the budget
-# Each vanished stream left ~32 MiB of buffers that only the cyclic garbage
+# Each vanished stream left ~30 MiB of buffers that only the cyclic garbage
 # collector could free (cancelled tasks kept their tracebacks): RSS grew by
-# ~220 MiB over the clients after the first. Freed at once, it grows ~30.
+# ~155 MiB over the five clients after the first. Freed at once: ~25 MiB.
 RSS_GROWTH_BOUND = 80 << 20
 BUDGET = 48 << 20  # room for one whole stream (~44 MiB: its requests in flight, buffer, deliveries)
 PROBE_BOUND = 1.0  # seconds: the health probe on the other listener answers within this
