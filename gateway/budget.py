@@ -50,32 +50,45 @@ class InflightBudget:
         """An empty reservation, grown as the request learns what it needs."""
         return Reservation(self)
 
-    def _take(self, held: int, size: int) -> None:
-        if held + size > self.limit:  # never fits, however idle the gateway: no retry helps
-            raise too_large(f"the request needs {held + size} bytes in flight, over "
+    def _take(self, reservation: Reservation, size: int) -> None:
+        if reservation.size + size > self.limit:  # never fits, however idle the gateway: no retry helps
+            raise too_large(f"the request needs {reservation.size + size} bytes in flight, over "
                             f"limits.max_inflight_bytes ({self.limit})")
-        with self._lock:
+        with self._lock:  # the check and the charge, against a release on another thread
+            if reservation.released:
+                raise Released
             fits = self.used + size <= self.limit
             if fits:
                 self.used += size
+                reservation.size += size
         if not fits:
             self._on_refusal()
             raise Saturated("the gateway is at its memory budget for requests in flight "
                             f"(limits.max_inflight_bytes, {self.limit} bytes); retry later")
 
-    def _give_back(self, size: int) -> None:
+    def _give_back(self, reservation: Reservation) -> None:
         with self._lock:
-            self.used -= size
+            self.used -= reservation.size
+            reservation.size, reservation.released = 0, True
+
+
+class Released(Exception):
+    """A reservation was grown after its request ended: a decoder in the
+    offload pool still running for a request that was cancelled (the pool
+    cannot stop it). Raised to stop that work; it charges nothing, so the
+    budget cannot leak what nobody will release."""
 
 
 class Reservation:
-    """What one request holds of the budget; released once, when it ends."""
+    """What one request holds of the budget; released once, when it ends
+    (a released reservation takes nothing more: :class:`Released`)."""
 
-    __slots__ = ("_budget", "size")
+    __slots__ = ("_budget", "released", "size")
 
     def __init__(self, budget: InflightBudget) -> None:
         self._budget = budget
         self.size = 0
+        self.released = False
 
     @property
     def budget_limit(self) -> int:
@@ -84,13 +97,11 @@ class Reservation:
     def grow(self, size: int) -> None:
         """Hold ``size`` more bytes, or raise Saturated holding nothing more."""
         if size > 0:
-            self._budget._take(self.size, size)
-            self.size += size
+            self._budget._take(self, size)
 
     def release(self) -> None:
-        if self.size:
-            size, self.size = self.size, 0
-            self._budget._give_back(size)
+        if not self.released:
+            self._budget._give_back(self)
 
 
 async def admit_json(body: bytes | bytearray | memoryview, reservation: Reservation, offload: Offloader,

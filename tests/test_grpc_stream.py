@@ -161,6 +161,41 @@ def test_bad_messages_are_answered_in_the_stream(gateway: GatewayProcess) -> Non
     assert failed.infer_response.parameters["triton_final_response"].bool_param is True
 
 
+def tensor_message(request_id: str, shape: list[int], raw: bytes, model: str = "identity") -> bytes:
+    """A ModelInferRequest with one UINT8 input as given, checked by nobody."""
+    request = pb.ModelInferRequest(model_name=model, id=request_id)
+    request.inputs.add(name="INPUT0", datatype="UINT8", shape=shape)
+    request.raw_input_contents.append(raw)
+    return request.SerializeToString()  # type: ignore[no-any-return]
+
+
+def test_every_error_carries_its_request_id(gateway: GatewayProcess) -> None:
+    """Requests that parse but fail the tensor checks while decoding are
+    answered in the stream with their own id, model and the final flag,
+    like those that fail later; the stream goes on."""
+    bad = {
+        "short-raw": (tensor_message("short-raw", [8], b"\0" * 3), "has 3 bytes of data"),
+        "huge-shape": (tensor_message("huge-shape", [1 << 40], b""), "max_tensor_elements"),
+        "negative-shape": (tensor_message("negative-shape", [-2], b""), "negative"),
+        "nameless": (tensor_message("nameless", [1], b"\0", model=""), "no model_name"),
+    }
+    in_region = pb.ModelInferRequest(model_name="identity", id="in-region")
+    in_region.inputs.add(name="INPUT0", datatype="UINT8", shape=[4]).parameters[
+        "shared_memory_region"].string_param = "r"
+    bad["in-region"] = (in_region.SerializeToString(), "system_shared_memory")  # the extension is off here
+    good = tensor_message("good", [2], b"\1\2")
+    replies = raw_stream(gateway.url("grpc"), [message for message, _ in bad.values()] + [good])
+    assert len(replies) == len(bad) + 1
+    by_id = {r.infer_response.id: r for r in replies}
+    assert sorted(by_id) == sorted([*bad, "good"])
+    for request_id, (_, words) in bad.items():
+        reply = by_id[request_id].infer_response
+        assert words in by_id[request_id].error_message, by_id[request_id].error_message
+        assert reply.model_name == ("" if request_id == "nameless" else "identity")
+        assert reply.parameters["triton_final_response"].bool_param is True
+    assert by_id["good"].error_message == "" and by_id["good"].infer_response.raw_output_contents == [b"\1\2"]
+
+
 def test_a_message_over_the_size_limit_ends_only_its_stream(gateway: GatewayProcess) -> None:
     """grpc refuses it itself, before the gateway reads it: the stream ends
     with RESOURCE_EXHAUSTED (as Triton's would); the listener goes on."""

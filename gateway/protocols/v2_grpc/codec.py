@@ -292,19 +292,32 @@ def _serialize(message: Any, raw_field: str, raw: list[Any]) -> bytes:
 # --- frontend: client requests in, our answers out -------------------------------
 
 
+class RequestError(GatewayError):
+    """A request that was read far enough to be named failed: the error,
+    with the request's id, model and version (what a ModelStreamInfer error
+    response carries beside the message)."""
+
+    def __init__(self, error: GatewayError, request_id: str, model_name: str, model_version: str) -> None:
+        super().__init__(error.kind, error.message)
+        self.id, self.model_name, self.model_version = request_id, model_name, model_version
+
+
 def decode_infer_request(data: bytes | memoryview, max_elements: int, limits: Limits | None = None,
                          charge: Callable[[int], None] | None = None) -> InferRequest:
     """A serialized ModelInferRequest; raw inputs stay views into ``data``.
     ``limits`` (the gateway's) adds the request-wide tensor budget;
     ``charge`` takes what decoding will allocate beyond the message."""
     message, raw = _parse(data, pb.ModelInferRequest, "raw_input_contents")
-    if not message.model_name:
-        raise malformed("the request has no model_name")
-    budget = TensorBudget.of(limits, charge) if limits is not None else None
-    inputs = decode_tensors(message.inputs, raw, "input", max_elements, budget)
-    outputs = [RequestedOutput(o.name, parameters_from_proto(o.parameters)) for o in message.outputs]
-    return InferRequest(message.model_name, message.model_version, message.id, inputs, outputs,
-                        parameters_from_proto(message.parameters))
+    try:
+        if not message.model_name:
+            raise malformed("the request has no model_name")
+        budget = TensorBudget.of(limits, charge) if limits is not None else None
+        inputs = decode_tensors(message.inputs, raw, "input", max_elements, budget)
+        outputs = [RequestedOutput(o.name, parameters_from_proto(o.parameters)) for o in message.outputs]
+        parameters = parameters_from_proto(message.parameters)
+    except GatewayError as error:
+        raise RequestError(error, message.id, message.model_name, message.model_version) from None
+    return InferRequest(message.model_name, message.model_version, message.id, inputs, outputs, parameters)
 
 
 def encode_infer_response(response: InferResponse, typed: bool = False) -> bytes:

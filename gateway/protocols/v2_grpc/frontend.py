@@ -361,9 +361,13 @@ class V2GrpcFrontend(Frontend):
         # A V2 gRPC upstream may get these very bytes (see passthrough).
         infer_request.raw = passthrough.request_payload(data, infer_request)
         self._adopt_message_id(ctx, infer_request.id)
-        regions = await self.extensions.shm_plan(infer_request, ctx)
-        await shm.run_inputs(infer_request, regions, TensorBudget.of(limits), reservation.grow,
-                             self.services.offload)
+        try:
+            regions = await self.extensions.shm_plan(infer_request, ctx)
+            await shm.run_inputs(infer_request, regions, TensorBudget.of(limits), reservation.grow,
+                                 self.services.offload)
+        except GatewayError as error:
+            raise codec.RequestError(error, infer_request.id, infer_request.model_name,
+                                     infer_request.model_version) from None
         ctx.record.decode_seconds = time.perf_counter() - started
         return infer_request, regions
 

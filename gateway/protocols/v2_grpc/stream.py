@@ -14,7 +14,9 @@ Nothing queues without bound: past the in-flight limit the next request is
 not read (grpc's flow control then slows the client), and responses wait
 for a slow reader in a queue of ``limits.stream_buffer_responses``, whose
 full state makes the upstream calls of the stream wait (``deliver``).
-When the client cancels, every request of the stream is cancelled.
+When the client cancels, every request of the stream is cancelled and all
+it held of the memory budget comes back, a response still waiting for room
+in the queue included (``_send``, ``_close``).
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Protocol
+
+import grpc
 
 from gateway.budget import Reservation
 from gateway.errors import ErrorKind, GatewayError
@@ -61,9 +65,18 @@ def stream_reply(reply: bytes, final: bool) -> bytes:
     return rawwire.message_field(INFER_RESPONSE_FIELD, (reply, _MARKERS[final]))
 
 
-def stream_error(message: str, request: InferRequest | None) -> bytes:
+class Named(Protocol):
+    """What names a request in its responses (an InferRequest, a codec.RequestError)."""
+
+    id: str
+    model_name: str
+    model_version: str
+
+
+def stream_error(message: str, request: Named | None) -> bytes:
     """A ModelStreamInferResponse carrying an error for one request, with
-    what Triton puts beside it: the request's id, model and the final flag."""
+    what Triton puts beside it: the request's id, model and the final flag
+    (only a message too broken to name its request goes without)."""
     head = pb.ModelInferResponse()
     if request is not None:
         head.id, head.model_name, head.model_version = request.id, request.model_name, request.model_version
@@ -119,6 +132,7 @@ class StreamSession:
         self.tasks: set[asyncio.Task[None]] = set()
         self.sequences: dict[Any, asyncio.Task[None]] = {}  # sequence -> its latest request
         self.failure: BaseException | None = None
+        self.closed = False  # the client is gone or the stream has ended: nothing more is sent
 
     async def serve(self, requests: AsyncIterator[bytes]) -> None:
         reader = asyncio.ensure_future(self._read(requests))
@@ -131,17 +145,36 @@ class StreamSession:
                     if reservation is not None:
                         reservation.release()
             await reader
+            if self.failure is not None:
+                raise self.failure
+        except (asyncio.CancelledError, grpc.aio.InternalError) as exc:
+            # The client went away (grpc cancels the handler, or a read or write finds
+            # the call gone first) or the server is stopping: routine, one line, no traceback.
+            log.info("ModelStreamInfer stream %s (listener %s) ended early: the client went away or "
+                     "the server is stopping; %d of its requests cancelled", self.stream_ctx.request_id,
+                     self.stream_ctx.listener, len(self.tasks))
+            # The call is over: no status can be sent. grpc ends a cancelled handler
+            # quietly, where any other error would be logged with its traceback.
+            raise asyncio.CancelledError from exc
         finally:
-            reader.cancel()
-            for task in self.tasks:
-                task.cancel()
-            await asyncio.gather(reader, *self.tasks, return_exceptions=True)
-            while not self.outbox.empty():  # left unsent by a cancelled stream
+            await self._close(reader)
+
+    async def _close(self, reader: asyncio.Future[None]) -> None:
+        """Cancels what is left of the stream and gives back what its unsent
+        messages hold, even if this is cancelled in turn."""
+        self.closed = True  # from now on a message is dropped rather than queued (_send)
+        tasks = [reader, *self.tasks]
+        for task in tasks:
+            task.cancel()
+        try:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        finally:
+            while not self.outbox.empty():
                 item = self.outbox.get_nowait()
                 if item is not _END and item[1] is not None:
                     item[1].release()
-        if self.failure is not None:
-            raise self.failure
+            for task in tasks:
+                _drop_cancellation(task)
 
     async def _read(self, requests: AsyncIterator[bytes]) -> None:
         """Reads and decodes requests one by one (so a sequence's order is
@@ -157,7 +190,17 @@ class StreamSession:
         await self.outbox.put(_END)
 
     async def _send(self, message: bytes, reservation: Reservation | None = None) -> None:
-        await self.outbox.put((message, reservation))
+        """Queues a message for the client. What it holds of the budget is
+        given back once it is written, or here when it never will be: the
+        stream is closed, or the wait for room in the outbox is cancelled."""
+        queued = False
+        try:
+            if not self.closed:
+                await self.outbox.put((message, reservation))
+                queued = True
+        finally:
+            if not queued and reservation is not None:
+                reservation.release()
 
     async def _admit(self, data: bytes) -> None:
         frontend, services = self.frontend, self.services
@@ -177,7 +220,8 @@ class StreamSession:
             raise
         except Exception as exc:
             state.responses = 1
-            task = asyncio.ensure_future(self._fail(exc, ctx, None))
+            named = exc if isinstance(exc, codec.RequestError) else None
+            task = asyncio.ensure_future(self._fail(exc, ctx, named))
         else:
             key = sequence_key(request)
             previous = self.sequences.get(key) if key is not None else None
@@ -231,7 +275,7 @@ class StreamSession:
             state.responses += 1
             await self._fail(exc, ctx, request)
 
-    async def _fail(self, exc: BaseException, ctx: RequestContext, request: InferRequest | None) -> None:
+    async def _fail(self, exc: BaseException, ctx: RequestContext, request: Named | None) -> None:
         """An error for one request: sent in its place, then the stream goes on."""
         if isinstance(exc, GatewayError):
             error = exc
@@ -251,6 +295,18 @@ class StreamSession:
         self.slots.release()
         self.services.metrics.observe_stream_request(ctx.listener, ctx.protocol, state.responses, state.first_seconds)
         finish_request(self.services, ctx)
+
+
+def _drop_cancellation(task: asyncio.Future[None]) -> None:
+    """A cancelled task keeps its CancelledError, whose traceback keeps the
+    request's frames (its messages) and, through the asyncio.timeout of its
+    upstream call, the task: a cycle only the cyclic collector frees, late,
+    while RSS holds the buffers. Taking the error out breaks the cycle."""
+    if task.cancelled():
+        try:
+            task.result()
+        except asyncio.CancelledError:
+            pass
 
 
 @dataclass(slots=True)
