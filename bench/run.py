@@ -654,7 +654,7 @@ def main() -> int:
     args = parser.parse_args()
     seconds, repeat = (2.0, 8) if args.quick else (8.0, 20)
     wanted = [s for s in args.only.replace(",", "") if s in "abcdefgh"]
-    started = time.time()
+    started, machine = time.time(), _machine()  # the load average before the run
     with _bench(seconds, repeat) as bench:
         for name in wanted:
             scenario: Callable[[], None] = getattr(bench, f"scenario_{name}")
@@ -664,8 +664,10 @@ def main() -> int:
                 bench.report.add(Row(name, f"FAILED: {type(exc).__name__}: {str(exc)[-600:]}", {}))
         report = bench.report
     RESULTS.mkdir(exist_ok=True)
-    command = "make bench" + (" BENCH_ARGS='--quick'" if args.quick else "")
-    header = (f"# Benchmark results\n\nCommand: `{command}`  \nMachine: {_machine()}  \n"
+    bench_args = " ".join([*(["--quick"] if args.quick else []),
+                           *([f"--only {args.only}"] if wanted != list("abcdefgh") else [])])
+    command = "make bench" + (f" BENCH_ARGS='{bench_args}'" if bench_args else "")
+    header = (f"# Benchmark results\n\nCommand: `{command}`  \nMachine: {machine}  \n"
               f"Run: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(started))}, "
               f"{time.time() - started:.0f} s; load {seconds:g} s per wrk run")
     (RESULTS / "latest.md").write_text(report.markdown(header))
