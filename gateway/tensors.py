@@ -32,6 +32,20 @@ _INT64_END = 2.0 ** 63
 # The largest finite value of each binary float datatype (BF16 shares FP32's exponent).
 _FLOAT_MAX: dict[str, float] = {"FP16": float(np.finfo(np.float16).max), "FP32": float(np.finfo(np.float32).max),
                                 "BF16": 3.3895314e38}
+# Each integer datatype's range (np.iinfo is slow to build per tensor).
+_INT_RANGES: dict[str, tuple[int, int]] = {
+    name: (int(np.iinfo(dtype).min), int(np.iinfo(dtype).max))
+    for name, dtype in NUMPY_DTYPES.items() if dtype.kind in _INT_KINDS and name != "BF16"}
+# Small flat lists of plain numbers are checked element-wise in C (types,
+# min, max) instead of through numpy's reductions, where those dominate.
+_SMALL_LIST_MAX = 1024
+# Each integer datatype's range within int64's (numpy reads such a list as int64), and its dtype.
+_SMALL_INT_RANGES: dict[str, tuple[int, int, np.dtype[Any]]] = {
+    name: (max(low, -(2 ** 63)), min(high, 2 ** 63 - 1), NUMPY_DTYPES[name])
+    for name, (low, high) in _INT_RANGES.items()}
+_FLOAT64 = np.dtype(np.float64)
+_EXACT_FLOAT_INT = 2 ** 53  # integers up to this are the same as a double
+_PLAIN_FLOAT_TYPES = ({float}, {int}, {int, float})
 
 
 # --- tensor data: JSON ------------------------------------------------------
@@ -109,11 +123,40 @@ def array_from_json(data: Any, datatype: str, shape: tuple[int, ...], count: int
         array = np.empty(count, dtype=object)
         array[:] = items
         return array.reshape(shape)
+    if 0 < count == len(data) <= _SMALL_LIST_MAX:
+        small = _small_numbers(data, datatype)
+        if small is not None:
+            return small.reshape(shape)
     try:
         parsed = np.array(data)
     except (ValueError, OverflowError):
         raise invalid(f"{where}: 'data' is not a regular (non-ragged) list of numbers") from None
     return _checked_numbers(parsed, data, datatype, shape, count, where)
+
+
+def _small_numbers(data: list[Any], datatype: str) -> np.ndarray | None:
+    """A flat list's array when every element is plainly valid for
+    ``datatype`` (the array :func:`_checked_numbers` would make of it), else
+    None: anything else, errors included, is left to the general path."""
+    types = set(map(type, data))
+    integers = _SMALL_INT_RANGES.get(datatype)
+    if integers is not None:
+        low, high, dtype = integers
+        if types != {int} or min(data) < low or max(data) > high:
+            return None
+        return np.array(data, dtype=dtype)
+    if datatype == "BOOL":
+        return np.array(data, dtype=np.bool_) if types == {bool} else None
+    if datatype not in ("FP32", "FP64") or types not in _PLAIN_FLOAT_TYPES:
+        return None
+    if int in types and not -_EXACT_FLOAT_INT <= min(data) <= max(data) <= _EXACT_FLOAT_INT:
+        return None  # numpy reads big integers otherwise (object, or int64 rounded on the way)
+    if float in types and not math.isfinite(sum(data)):
+        return None  # NaN, an infinity, or sums too big to tell: min and max below need neither
+    largest = _FLOAT_MAX.get(datatype, math.inf)
+    if min(data) < -largest or max(data) > largest:
+        return None
+    return np.array(data, dtype=_FLOAT64).astype(NUMPY_DTYPES[datatype], copy=False)
 
 
 def _checked_numbers(parsed: np.ndarray, data: Any, datatype: str, shape: tuple[int, ...], count: int,
@@ -144,8 +187,8 @@ def _checked_numbers(parsed: np.ndarray, data: Any, datatype: str, shape: tuple[
             raise invalid(f"{where}: a value is out of range for {datatype}")  # orjson's float for a big integer
         if kind not in _INT_KINDS:
             raise invalid(f"{where}: {datatype} data must be integers")
-        limits = np.iinfo(NUMPY_DTYPES[datatype])
-        if parsed.min() < limits.min or parsed.max() > limits.max:
+        low, high = _INT_RANGES[datatype]
+        if parsed.min() < low or parsed.max() > high:
             raise invalid(f"{where}: a value is out of range for {datatype}")
     return parsed.astype(NUMPY_DTYPES[datatype], copy=False).reshape(shape)
 
