@@ -123,10 +123,8 @@ def array_from_json(data: Any, datatype: str, shape: tuple[int, ...], count: int
         array = np.empty(count, dtype=object)
         array[:] = items
         return array.reshape(shape)
-    if 0 < count == len(data) <= _SMALL_LIST_MAX:
-        small = _small_numbers(data, datatype)
-        if small is not None:
-            return small.reshape(shape)
+    if 0 < count == len(data) <= _SMALL_LIST_MAX and _plainly_valid(data, datatype):
+        return _small_array(data, datatype).reshape(shape)
     try:
         parsed = np.array(data)
     except (ValueError, OverflowError):
@@ -134,28 +132,44 @@ def array_from_json(data: Any, datatype: str, shape: tuple[int, ...], count: int
     return _checked_numbers(parsed, data, datatype, shape, count, where)
 
 
-def _small_numbers(data: list[Any], datatype: str) -> np.ndarray | None:
-    """A flat list's array when every element is plainly valid for
-    ``datatype`` (the array :func:`_checked_numbers` would make of it), else
-    None: anything else, errors included, is left to the general path."""
+def check_json_data(data: Any, datatype: str, shape: tuple[int, ...], count: int, where: str,
+                    budget: TensorBudget | None = None) -> np.ndarray:
+    """:func:`array_from_json`'s checks and errors, for data that is only
+    checked: a small list plainly valid for ``datatype`` is not made an
+    array, an empty one of its dtype stands for it."""
+    if (isinstance(data, list) and 0 < count == len(data) <= _SMALL_LIST_MAX and datatype != "BYTES"
+            and _plainly_valid(data, datatype)):
+        return np.empty(0, dtype=NUMPY_DTYPES[datatype])
+    return array_from_json(data, datatype, shape, count, where, budget)
+
+
+def _plainly_valid(data: list[Any], datatype: str) -> bool:
+    """Whether every element of a flat list is plainly valid for
+    ``datatype``, so that :func:`_small_array` makes the array
+    :func:`_checked_numbers` would make of it. False leaves the list,
+    errors included, to the general path."""
     types = set(map(type, data))
     integers = _SMALL_INT_RANGES.get(datatype)
     if integers is not None:
-        low, high, dtype = integers
-        if types != {int} or min(data) < low or max(data) > high:
-            return None
-        return np.array(data, dtype=dtype)
+        return types == {int} and min(data) >= integers[0] and max(data) <= integers[1]
     if datatype == "BOOL":
-        return np.array(data, dtype=np.bool_) if types == {bool} else None
+        return types == {bool}
     if datatype not in ("FP32", "FP64") or types not in _PLAIN_FLOAT_TYPES:
-        return None
+        return False
     if int in types and not -_EXACT_FLOAT_INT <= min(data) <= max(data) <= _EXACT_FLOAT_INT:
-        return None  # numpy reads big integers otherwise (object, or int64 rounded on the way)
+        return False  # numpy reads big integers otherwise (object, or int64 rounded on the way)
     if float in types and not math.isfinite(sum(data)):
-        return None  # NaN, an infinity, or sums too big to tell: min and max below need neither
+        return False  # NaN, an infinity, or sums too big to tell: min and max below need neither
     largest = _FLOAT_MAX.get(datatype, math.inf)
-    if min(data) < -largest or max(data) > largest:
-        return None
+    return min(data) >= -largest and max(data) <= largest
+
+
+def _small_array(data: list[Any], datatype: str) -> np.ndarray:
+    integers = _SMALL_INT_RANGES.get(datatype)
+    if integers is not None:
+        return np.array(data, dtype=integers[2])
+    if datatype == "BOOL":
+        return np.array(data, dtype=np.bool_)
     return np.array(data, dtype=_FLOAT64).astype(NUMPY_DTYPES[datatype], copy=False)
 
 
