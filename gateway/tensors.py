@@ -32,6 +32,20 @@ _INT64_END = 2.0 ** 63
 # The largest finite value of each binary float datatype (BF16 shares FP32's exponent).
 _FLOAT_MAX: dict[str, float] = {"FP16": float(np.finfo(np.float16).max), "FP32": float(np.finfo(np.float32).max),
                                 "BF16": 3.3895314e38}
+# Each integer datatype's range (np.iinfo is slow to build per tensor).
+_INT_RANGES: dict[str, tuple[int, int]] = {
+    name: (int(np.iinfo(dtype).min), int(np.iinfo(dtype).max))
+    for name, dtype in NUMPY_DTYPES.items() if dtype.kind in _INT_KINDS and name != "BF16"}
+# Small flat lists of plain numbers are checked element-wise in C (types,
+# min, max) instead of through numpy's reductions, where those dominate.
+_SMALL_LIST_MAX = 1024
+# Each integer datatype's range within int64's (numpy reads such a list as int64), and its dtype.
+_SMALL_INT_RANGES: dict[str, tuple[int, int, np.dtype[Any]]] = {
+    name: (max(low, -(2 ** 63)), min(high, 2 ** 63 - 1), NUMPY_DTYPES[name])
+    for name, (low, high) in _INT_RANGES.items()}
+_FLOAT64 = np.dtype(np.float64)
+_EXACT_FLOAT_INT = 2 ** 53  # integers up to this are the same as a double
+_PLAIN_FLOAT_TYPES = ({float}, {int}, {int, float})
 
 
 # --- tensor data: JSON ------------------------------------------------------
@@ -109,11 +123,54 @@ def array_from_json(data: Any, datatype: str, shape: tuple[int, ...], count: int
         array = np.empty(count, dtype=object)
         array[:] = items
         return array.reshape(shape)
+    if 0 < count == len(data) <= _SMALL_LIST_MAX and _plainly_valid(data, datatype):
+        return _small_array(data, datatype).reshape(shape)
     try:
         parsed = np.array(data)
     except (ValueError, OverflowError):
         raise invalid(f"{where}: 'data' is not a regular (non-ragged) list of numbers") from None
     return _checked_numbers(parsed, data, datatype, shape, count, where)
+
+
+def check_json_data(data: Any, datatype: str, shape: tuple[int, ...], count: int, where: str,
+                    budget: TensorBudget | None = None) -> np.ndarray:
+    """:func:`array_from_json`'s checks and errors, for data that is only
+    checked: a small list plainly valid for ``datatype`` is not made an
+    array, an empty one of its dtype stands for it."""
+    if (isinstance(data, list) and 0 < count == len(data) <= _SMALL_LIST_MAX and datatype != "BYTES"
+            and _plainly_valid(data, datatype)):
+        return np.empty(0, dtype=NUMPY_DTYPES[datatype])
+    return array_from_json(data, datatype, shape, count, where, budget)
+
+
+def _plainly_valid(data: list[Any], datatype: str) -> bool:
+    """Whether every element of a flat list is plainly valid for
+    ``datatype``, so that :func:`_small_array` makes the array
+    :func:`_checked_numbers` would make of it. False leaves the list,
+    errors included, to the general path."""
+    types = set(map(type, data))
+    integers = _SMALL_INT_RANGES.get(datatype)
+    if integers is not None:
+        return types == {int} and min(data) >= integers[0] and max(data) <= integers[1]
+    if datatype == "BOOL":
+        return types == {bool}
+    if datatype not in ("FP32", "FP64") or types not in _PLAIN_FLOAT_TYPES:
+        return False
+    if int in types and not -_EXACT_FLOAT_INT <= min(data) <= max(data) <= _EXACT_FLOAT_INT:
+        return False  # numpy reads big integers otherwise (object, or int64 rounded on the way)
+    if float in types and not math.isfinite(sum(data)):
+        return False  # NaN, an infinity, or sums too big to tell: min and max below need neither
+    largest = _FLOAT_MAX.get(datatype, math.inf)
+    return min(data) >= -largest and max(data) <= largest
+
+
+def _small_array(data: list[Any], datatype: str) -> np.ndarray:
+    integers = _SMALL_INT_RANGES.get(datatype)
+    if integers is not None:
+        return np.array(data, dtype=integers[2])
+    if datatype == "BOOL":
+        return np.array(data, dtype=np.bool_)
+    return np.array(data, dtype=_FLOAT64).astype(NUMPY_DTYPES[datatype], copy=False)
 
 
 def _checked_numbers(parsed: np.ndarray, data: Any, datatype: str, shape: tuple[int, ...], count: int,
@@ -144,8 +201,8 @@ def _checked_numbers(parsed: np.ndarray, data: Any, datatype: str, shape: tuple[
             raise invalid(f"{where}: a value is out of range for {datatype}")  # orjson's float for a big integer
         if kind not in _INT_KINDS:
             raise invalid(f"{where}: {datatype} data must be integers")
-        limits = np.iinfo(NUMPY_DTYPES[datatype])
-        if parsed.min() < limits.min or parsed.max() > limits.max:
+        low, high = _INT_RANGES[datatype]
+        if parsed.min() < low or parsed.max() > high:
             raise invalid(f"{where}: a value is out of range for {datatype}")
     return parsed.astype(NUMPY_DTYPES[datatype], copy=False).reshape(shape)
 

@@ -4,7 +4,7 @@ encode what this answers, so the two cannot drift apart."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from typing import Any
 
 from gateway.cache import TtlCache
@@ -86,10 +86,16 @@ class Extensions:
 
     # --- inference with classification --------------------------------------
 
-    async def infer(self, request: InferRequest, ctx: RequestContext) -> InferResponse:
+    def infer(self, request: InferRequest, ctx: RequestContext) -> Awaitable[InferResponse]:
         """``dataplane.infer``, plus classification outputs when asked for
-        (when classification is turned off, the parameter goes upstream)."""
-        wanted = classes.requested(request) if CLASSIFICATION in self.served else {}
+        (when classification is turned off, the parameter goes upstream).
+        Only a request naming outputs can ask: the others go straight on."""
+        if not request.outputs or CLASSIFICATION not in self.served:
+            return self.dataplane.infer(request, ctx)
+        return self._classified(request, ctx)
+
+    async def _classified(self, request: InferRequest, ctx: RequestContext) -> InferResponse:
+        wanted = classes.requested(request)
         if not wanted:
             return await self.dataplane.infer(request, ctx)
         response = await self.dataplane.infer(classes.without_parameter(request), ctx)

@@ -188,11 +188,11 @@ class V2RestClient(UpstreamClient):
     def _raw_answer(self, reply: HttpReply) -> RawPayload:
         """The answer's bytes, once checked as translation would check them:
         a malformed answer is the upstream's fault (502), never the client's
-        problem to parse. The decoded tensors are dropped at once (binary
-        ones are views, so checking those costs no copy)."""
+        problem to parse. Nothing decoded is kept (binary tensors are read
+        as views, small JSON ones are not made arrays)."""
         header_length = reply.headers.get(codec.HEADER_LENGTH)
         with reading_reply(self.label):
-            codec.decode_infer_response(reply.body, header_length, self.services.config.limits.max_tensor_elements)
+            codec.check_infer_response(reply.body, header_length, self.services.config.limits.max_tensor_elements)
         if header_length is None:
             return RawPayload(codec.PROTOCOL, reply.body, codec.JSON_TYPE)
         return RawPayload(codec.PROTOCOL, reply.body, codec.BINARY_TYPE, {codec.HEADER_LENGTH: header_length})

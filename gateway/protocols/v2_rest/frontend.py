@@ -160,8 +160,10 @@ class V2RestFrontend(HttpFrontend):
             len(body), codec.decode_infer_request, body, header_length, model, version,
             limits.max_tensor_elements, limits, keep_raw=_passthrough(route), depth_checked=True,
             charge=reservation.grow)
-        regions = await self.extensions.shm_plan(infer_request, ctx)
-        await shm.run_inputs(infer_request, regions, TensorBudget.of(limits), reservation.grow, offload)
+        # Shared memory only when a tensor names a region: one check, no awaits otherwise.
+        regions = await self.extensions.shm_plan(infer_request, ctx) if shm.named(infer_request) else None
+        if regions is not None:
+            await shm.run_inputs(infer_request, regions, TensorBudget.of(limits), reservation.grow, offload)
         ctx.record.decode_seconds = time.perf_counter() - started
         # From here the inputs (views of the body) and the client's bytes hold
         # the body: an upstream client may drop them once its own message
@@ -173,7 +175,8 @@ class V2RestFrontend(HttpFrontend):
             response = await self.extensions.infer(infer_request, ctx)
         finally:
             infer_request.handover = None  # it refers back to the request
-        await shm.run_outputs(response, regions, reservation.grow, offload)
+        if regions is not None:
+            await shm.run_outputs(response, regions, reservation.grow, offload)
         # Let them go (if still held) before the answer is built, so a big
         # request and its answer do not overlap. Not in place: a mirror may
         # still be reading the inputs.
