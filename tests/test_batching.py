@@ -1,4 +1,4 @@
-"""Dynamic batching's core (gateway/batching.py) with a fake upstream, and
+"""Dynamic batching's core (gateway/dataplane/batching.py) with a fake upstream, and
 through the data plane to a builtin upstream: who joins which batch, what
 each member gets back, and what happens on failure, overload and
 cancellation. tests/test_batching_gateway.py drives real clients and MLServer."""
@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 import yaml
 
-from gateway.batching import Batcher, Member, batch_key, concatenate, split
-from gateway.config import BatchingConfig, parse_config
-from gateway.errors import ErrorKind, GatewayError
-from gateway.proxy import DataPlane
-from gateway.services import GatewayServices
-from gateway.types import InferRequest, InferResponse, RawPayload, RequestContext, RequestedOutput, Tensor
+from gateway.config.model import BatchingConfig, parse_config
+from gateway.core.errors import ErrorKind, GatewayError
+from gateway.core.types import InferRequest, InferResponse, RawPayload, RequestContext, RequestedOutput, Tensor
+from gateway.dataplane.batching import Batcher, Member, batch_key, concatenate, split
+from gateway.dataplane.plane import DataPlane
+from gateway.runtime.services import GatewayServices
 
 WAIT = 5.0  # bound on every wait below; the batches themselves take milliseconds
 
@@ -291,7 +291,7 @@ async def test_through_the_data_plane_to_a_builtin_upstream() -> None:
     ({"max_batch_size": 8, "max_delay_ms": 2, "max_wait": 1}, "batching.max_wait: unknown key"),
 ])
 def test_batching_options_are_checked(batching: dict[str, Any], error: str) -> None:
-    from gateway.confignode import ConfigError
+    from gateway.config.node import ConfigError
 
     data = yaml.safe_load(BUILTIN)
     data["routes"][0]["batching"] = batching
@@ -301,7 +301,7 @@ def test_batching_options_are_checked(batching: dict[str, Any], error: str) -> N
 
 
 def test_batching_needs_an_upstream_with_a_batch_dimension() -> None:
-    from gateway.confignode import ConfigError
+    from gateway.config.node import ConfigError
 
     data = yaml.safe_load(BUILTIN)
     data["upstreams"].append({"name": "um", "protocol": "umbridge", "endpoints": ["127.0.0.1:4242"]})
@@ -314,7 +314,7 @@ def test_batching_needs_an_upstream_with_a_batch_dimension() -> None:
 def test_the_schema_knows_batching() -> None:
     import jsonschema
 
-    from gateway import schema
+    from gateway.config import schema
 
     validator = jsonschema.Draft202012Validator(schema.build_schema())
     data = yaml.safe_load(BUILTIN)
@@ -374,7 +374,7 @@ def _simple(i: int) -> tuple[InferRequest, RequestContext]:
 
 
 async def test_a_retry_sends_the_whole_batch_again() -> None:
-    from gateway.errors import connect_failure
+    from gateway.core.errors import connect_failure
 
     plane = await _builtin_plane("{max_batch_size: 4, max_delay_ms: 1000}")
     try:

@@ -15,8 +15,7 @@ import numpy as np
 import pytest
 import yaml
 
-from gateway.cluster import Cluster, decayed_ejections, ejection_time
-from gateway.config import (
+from gateway.config.model import (
     Address,
     CircuitBreaker,
     ConnectionPool,
@@ -27,12 +26,13 @@ from gateway.config import (
     UpstreamConfig,
     parse_config,
 )
-from gateway.counters import Counters, Event
-from gateway.errors import ErrorKind, GatewayError, connect_failure, connection_reset, invalid
+from gateway.core.errors import ErrorKind, GatewayError, connect_failure, connection_reset, invalid
+from gateway.core.types import InferRequest, RequestContext, Tensor
+from gateway.dataplane.cluster.cluster import Cluster, decayed_ejections, ejection_time
+from gateway.dataplane.plane import DataPlane
+from gateway.dataplane.retry import backoff_delay, budget_allows, failure_reason
+from gateway.observability.counters import Counters, Event
 from gateway.protocols import registry
-from gateway.proxy import DataPlane
-from gateway.retry import backoff_delay, budget_allows, failure_reason
-from gateway.types import InferRequest, RequestContext, Tensor
 from peers.fake_upstream import FakeClient, FakeFleet
 from support import Clock
 
@@ -101,7 +101,7 @@ def test_consistent_hash_is_stable_and_moves_only_the_lost_keys() -> None:
     victim = next(e for e in c.endpoints if e.address.endswith("9001"))
     victim.in_flight += 1
     c.in_flight += 1
-    from gateway.cluster import Lease
+    from gateway.dataplane.cluster.cluster import Lease
     Lease(c, victim).release("connect-failure")  # eject it
     after = {k: ports(c, 1, k)[0] for k in keys}
     moved = [k for k in keys if before[k] != after[k]]

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gateway.config import Address, load_config, parse_config
-from gateway.confignode import ConfigError
+from gateway.config.model import Address, load_config, parse_config
+from gateway.config.node import ConfigError
 from support import REPO
 
 

@@ -18,12 +18,13 @@ import pytest
 import yaml
 from test_config_docs import NOT_KEYS, YAML_DEFAULTS
 
-from gateway import config, schema
-from gateway.confignode import ConfigError
+from gateway.config import model as config
+from gateway.config import schema
+from gateway.config.node import ConfigError
 from support import REPO
 
 SHIPPED = [*sorted((REPO / "config" / "examples").glob("*.yaml")),
-           REPO / "config" / "gateway.yaml", REPO / "gateway" / "default_config.yaml"]
+           REPO / "config" / "gateway.yaml", REPO / "gateway" / "config" / "default.yaml"]
 MINIMAL = {"listeners": [{"name": "rest", "protocol": "v2-rest", "address": "127.0.0.1:8000"}],
            "upstreams": [{"name": "models", "protocol": "v2-rest", "endpoints": ["127.0.0.1:9000"]}],
            "routes": [{"match": {"model": "*"}, "upstream": "models"}]}

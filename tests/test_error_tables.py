@@ -18,8 +18,7 @@ import grpc
 import orjson
 import pytest
 
-from gateway.errors import GATEWAY_ONLY_KINDS, ErrorKind, ErrorTable, GatewayError
-from gateway.http.frontend import HttpFrontend
+from gateway.core.errors import GATEWAY_ONLY_KINDS, ErrorKind, ErrorTable, GatewayError
 from gateway.protocols import registry
 from gateway.protocols.base import Frontend, UpstreamClient
 from gateway.protocols.graphstorm import codec as graphstorm
@@ -28,6 +27,7 @@ from gateway.protocols.v1_rest import codec as v1_rest
 from gateway.protocols.v1_rest import upstream_codec as v1_rest_upstream
 from gateway.protocols.v2_grpc import codec as v2_grpc
 from gateway.protocols.v2_rest import codec as v2_rest
+from gateway.transport.http_server.frontend import HttpFrontend
 from support import REPO
 
 PROTOCOLS = registry.names("errors")

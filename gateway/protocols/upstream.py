@@ -11,8 +11,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from gateway.confignode import Node
-from gateway.errors import ErrorKind, GatewayError
+from gateway.config.node import Node
+from gateway.core.errors import ErrorKind, GatewayError
 
 # A connection attempt to an endpoint gives up after this long (s), whatever
 # the request's deadline; once connected, only the deadline bounds a call.

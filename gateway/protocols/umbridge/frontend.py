@@ -17,14 +17,19 @@ from typing import Any
 import numpy as np
 from aiohttp import web
 
-from gateway.budget import admit_json
-from gateway.cache import TtlCache
-from gateway.confignode import Node
-from gateway.errors import ErrorKind, GatewayError
-from gateway.http.aiohttp_app import error_middleware
-from gateway.http.exchange import HttpReply, HttpRequest, json_reply
-from gateway.http.frontend import HttpFrontend
-from gateway.observe import (
+from gateway.config.node import Node
+from gateway.core.cache import TtlCache
+from gateway.core.errors import ErrorKind, GatewayError
+from gateway.core.types import (
+    DERIVATIVE_KINDS,
+    DERIVATIVE_OPERATION,
+    METADATA_OPERATION,
+    InferRequest,
+    ModelMetadata,
+    RawPayload,
+    RequestContext,
+)
+from gateway.observability.record import (
     PASSTHROUGH_RENAMED,
     PASSTHROUGH_REQUEST_ONLY,
     PASSTHROUGH_VERBATIM,
@@ -41,15 +46,10 @@ from gateway.protocols.umbridge.options import (
     parse_listener_options,
     parse_route_options,
 )
-from gateway.types import (
-    DERIVATIVE_KINDS,
-    DERIVATIVE_OPERATION,
-    METADATA_OPERATION,
-    InferRequest,
-    ModelMetadata,
-    RawPayload,
-    RequestContext,
-)
+from gateway.runtime.budget import admit_json
+from gateway.transport.http_server.aiohttp_app import error_middleware
+from gateway.transport.http_server.exchange import HttpReply, HttpRequest, json_reply
+from gateway.transport.http_server.frontend import HttpFrontend
 
 log = logging.getLogger(__name__)
 PROTOCOL = codec.PROTOCOL
@@ -220,6 +220,6 @@ class UmbridgeFrontend(HttpFrontend):
                 body = codec.encode_vector_output(result, self.options.nonfinite)
             return answer(body, ctx)
 
-        # The handler's name is the request's `operation` label (gateway/http/aiohttp_app.py).
+        # The handler's name is the request's `operation` label (gateway/transport/http_server/aiohttp_app.py).
         handle.__name__ = handle.__qualname__ = operation_label(kind)
         return handle

@@ -22,9 +22,18 @@ from typing import TYPE_CHECKING, Any
 import grpc
 from google.protobuf.message import DecodeError
 
-from gateway.confignode import Node
-from gateway.errors import CONNECT_FAILURE, ErrorKind, GatewayError, malformed
-from gateway.observe import PASSTHROUGH_REQUEST_ONLY, PASSTHROUGH_TRANSLATED
+from gateway.config.node import Node
+from gateway.core.errors import CONNECT_FAILURE, ErrorKind, GatewayError, malformed
+from gateway.core.types import (
+    MODEL_CONFIG_OPERATION,
+    ExtensionRequest,
+    InferRequest,
+    InferResponse,
+    ModelMetadata,
+    RawPayload,
+    RequestContext,
+)
+from gateway.observability.record import PASSTHROUGH_REQUEST_ONLY, PASSTHROUGH_TRANSLATED
 from gateway.protocols.base import StreamedResponse, UpstreamClient
 from gateway.protocols.upstream import (
     HOLD_LAST,
@@ -35,19 +44,10 @@ from gateway.protocols.upstream import (
 )
 from gateway.protocols.v2_grpc import codec, extensions, passthrough, upstream_stream
 from gateway.protocols.v2_grpc import messages as pb
-from gateway.tls import grpc_channel_credentials, grpc_channel_options
-from gateway.types import (
-    MODEL_CONFIG_OPERATION,
-    ExtensionRequest,
-    InferRequest,
-    InferResponse,
-    ModelMetadata,
-    RawPayload,
-    RequestContext,
-)
+from gateway.runtime.tls import grpc_channel_credentials, grpc_channel_options
 
 if TYPE_CHECKING:
-    from gateway.config import RouteConfig
+    from gateway.config.model import RouteConfig
 
 log = logging.getLogger(__name__)
 # Reconnect soon after an upstream comes back (grpc's default backoff grows to 120 s).
@@ -131,7 +131,7 @@ class V2GrpcClient(UpstreamClient):
             data = await call(request, timeout=timeout, metadata=metadata)
         except grpc.aio.AioRpcError as exc:
             # grpc core's words for a transport failure name the address: the
-            # data plane cuts it from what the client sees (gateway/proxy.py).
+            # data plane cuts it from what the client sees (gateway/dataplane/plane.py).
             raise codec.decode_error(exc.code(), exc.details(), self.label) from None
         if not parse:
             return data

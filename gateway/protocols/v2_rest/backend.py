@@ -35,11 +35,20 @@ from urllib.parse import quote
 
 import orjson
 
-from gateway.cache import TtlCache
-from gateway.confignode import Node
-from gateway.errors import ErrorKind, GatewayError, malformed, unsupported
-from gateway.http.sse import SseError, SseEvent, SseParser
-from gateway.observe import PASSTHROUGH_REQUEST_ONLY, PASSTHROUGH_TRANSLATED, PASSTHROUGH_VERBATIM
+from gateway.config.node import Node
+from gateway.core.cache import TtlCache
+from gateway.core.errors import ErrorKind, GatewayError, malformed, unsupported
+from gateway.core.types import (
+    MODEL_CONFIG_OPERATION,
+    ExtensionRequest,
+    InferRequest,
+    InferResponse,
+    ModelMetadata,
+    RawPayload,
+    RequestContext,
+    TensorSpec,
+)
+from gateway.observability.record import PASSTHROUGH_REQUEST_ONLY, PASSTHROUGH_TRANSLATED, PASSTHROUGH_VERBATIM
 from gateway.protocols.base import StreamedResponse, UpstreamClient
 from gateway.protocols.upstream import (
     HOLD_LAST,
@@ -51,18 +60,9 @@ from gateway.protocols.upstream import (
 )
 from gateway.protocols.v2_rest import codec
 from gateway.protocols.v2_rest.flat import METADATA_TTL, encode_flat_request, flat_answer_items
-from gateway.tls import http_client_tls
-from gateway.types import (
-    MODEL_CONFIG_OPERATION,
-    ExtensionRequest,
-    InferRequest,
-    InferResponse,
-    ModelMetadata,
-    RawPayload,
-    RequestContext,
-    TensorSpec,
-)
-from gateway.upstream_http import HttpReply, UpstreamHttp
+from gateway.runtime.tls import http_client_tls
+from gateway.transport.http_client.client import HttpReply, UpstreamHttp
+from gateway.transport.http_server.sse import SseError, SseEvent, SseParser
 
 log = logging.getLogger(__name__)
 BINARY_EXTENSION = "binary_tensor_data"
