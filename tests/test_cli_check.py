@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gateway.config.check import finding, yaml_line
+from gateway.app.check import finding, yaml_line
 from gateway.config.model import Address, addresses_overlap, parse_config
 from gateway.config.node import ConfigError
 from support import REPO, write_config

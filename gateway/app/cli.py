@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(build_schema(), indent=2))
         return 0
     if args.command == "check":
-        from gateway.config.check import run_check
+        from gateway.app.check import run_check
 
         return run_check(args.config, args.format)
     config = _load(args.config)
