@@ -15,11 +15,11 @@ from gateway.app.server import build_metrics
 from gateway.config.model import AccessLogConfig, parse_config
 from gateway.config.view import REDACTED, effective_config
 from gateway.core.errors import ErrorKind, GatewayError
+from gateway.core.record import RequestRecord, accept_request_id, accept_traceparent, accept_tracestate
 from gateway.core.types import InferRequest, RequestContext
 from gateway.dataplane.plane import DataPlane
 from gateway.observability.accesslog import AccessLog
 from gateway.observability.metrics import OTHER_MODEL, UNKNOWN_MODEL, GatewayMetrics
-from gateway.observability.record import RequestRecord, accept_request_id, accept_traceparent, accept_tracestate
 from gateway.runtime.services import GatewayServices
 
 VALID_TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"

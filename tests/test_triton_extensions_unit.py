@@ -11,9 +11,9 @@ import pytest
 
 from gateway.config.node import ConfigError
 from gateway.core.errors import ErrorKind, GatewayError
+from gateway.core.record import RequestRecord
 from gateway.core.tensors import float_to_bf16
 from gateway.core.types import InferRequest, ModelMetadata, RequestedOutput, Tensor, TensorSpec
-from gateway.observability.record import RequestRecord
 from gateway.observability.statistics import StatisticsStore, batch_size
 from gateway.protocols.triton import DEFAULT_EXTENSIONS
 from gateway.protocols.triton.classification import classify, requested, without_parameter

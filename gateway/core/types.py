@@ -19,7 +19,7 @@ import numpy as np
 import orjson
 
 from gateway.core.errors import invalid, too_large
-from gateway.observability.record import REQUEST_ID_HEADER, TRACEPARENT_HEADER, TRACESTATE_HEADER, RequestRecord
+from gateway.core.record import REQUEST_ID_HEADER, TRACEPARENT_HEADER, TRACESTATE_HEADER, RequestRecord
 
 # V2 datatype name -> numpy dtype (little-endian, as every wire form is).
 NUMPY_DTYPES: Mapping[str, np.dtype[Any]] = {
@@ -275,7 +275,7 @@ class RequestContext:
     # W3C trace context as received (validated), forwarded upstream unchanged.
     traceparent: str = ""
     tracestate: str = ""
-    # What metrics and the access log learn about this request (gateway.observability.record).
+    # What metrics and the access log learn about this request (gateway.core.record).
     record: RequestRecord = field(default_factory=RequestRecord)
     # Headers an upstream client sends with the call: the route's allowlist
     # plus the request id and W3C trace context (set by the data plane).

@@ -30,6 +30,7 @@ from gateway.core.errors import (
     model_not_found,
 )
 from gateway.core.modelnames import check_model
+from gateway.core.record import RequestRecord
 from gateway.core.types import (
     ExtensionRequest,
     InferRequest,
@@ -45,7 +46,6 @@ from gateway.dataplane.retry import PER_TRY_TIMEOUT, TIMEOUT, backoff_delay, err
 from gateway.dataplane.routing import Route, RouteTable, shadow_warnings
 from gateway.observability.counters import Counters, Event
 from gateway.observability.metrics import metrics_hook, metrics_of
-from gateway.observability.record import RequestRecord
 from gateway.observability.statistics import batch_size
 from gateway.protocols.base import StreamedResponse, UpstreamClient
 from gateway.protocols.upstream import without_addresses

@@ -21,9 +21,9 @@ from typing import Any
 import orjson
 
 from gateway.config.model import AccessLogConfig
+from gateway.core.record import RequestRecord, trace_id
 from gateway.core.types import RequestContext
 from gateway.observability.logwriter import ACCESS_LOG_LINGER, LineWriter
-from gateway.observability.record import RequestRecord, trace_id
 
 # Longest error text and path a line carries.
 MAX_ERROR_CHARS = 300

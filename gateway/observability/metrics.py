@@ -47,7 +47,7 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from gateway.core.errors import ErrorKind, GatewayError
-from gateway.observability.record import OUTCOME_CANCELLED, OUTCOME_OK, RequestRecord
+from gateway.core.record import OUTCOME_CANCELLED, OUTCOME_OK, RequestRecord
 
 # Buckets per metric, fitted to its range (each bucket is one series per
 # label set: docs/observability.md, "Cardinality").

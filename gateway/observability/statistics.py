@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.observability.record import OUTCOME_OK, RequestRecord
+from gateway.core.record import OUTCOME_OK, RequestRecord
 
 MODEL_NOT_FOUND_OUTCOME = "model_not_found"  # ErrorKind.MODEL_NOT_FOUND.value
 MAX_BATCH_SIZES = 64  # distinct batch sizes tracked per model and version

@@ -25,9 +25,9 @@ from gateway.core.graphtensors import (
     NODE_TASKS,
     TASK_PARAMETER,
 )
+from gateway.core.record import REQUEST_ID_HEADER, Translating
 from gateway.core.types import InferRequest, RawPayload, RequestContext
 from gateway.dataplane.routing import Route
-from gateway.observability.record import REQUEST_ID_HEADER, Translating
 from gateway.protocols.graphstorm import codec, errors
 from gateway.protocols.graphstorm.errors import GraphStormError
 from gateway.protocols.graphstorm.schema import GraphSchema, load_schema

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from gateway.core.record import RequestRecord
 from gateway.core.types import RequestContext
-from gateway.observability.record import RequestRecord
 
 
 def side_context(ctx: RequestContext) -> RequestContext:

@@ -24,6 +24,7 @@ import numpy as np
 from gateway.config.node import Node
 from gateway.core.cache import TtlCache
 from gateway.core.errors import GatewayError, invalid, model_not_found, unsupported
+from gateway.core.record import PASSTHROUGH_REQUEST_ONLY, PASSTHROUGH_TRANSLATED, PASSTHROUGH_VERBATIM
 from gateway.core.types import (
     DERIVATIVE_OPERATION,
     METADATA_OPERATION,
@@ -36,7 +37,6 @@ from gateway.core.types import (
     RequestContext,
     Tensor,
 )
-from gateway.observability.record import PASSTHROUGH_REQUEST_ONLY, PASSTHROUGH_TRANSLATED, PASSTHROUGH_VERBATIM
 from gateway.protocols.base import UpstreamClient
 from gateway.protocols.umbridge import codec, passthrough
 from gateway.protocols.umbridge.mapping import umbridge_metadata

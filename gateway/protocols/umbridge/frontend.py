@@ -20,6 +20,14 @@ from aiohttp import web
 from gateway.config.node import Node
 from gateway.core.cache import TtlCache
 from gateway.core.errors import ErrorKind, GatewayError
+from gateway.core.record import (
+    PASSTHROUGH_RENAMED,
+    PASSTHROUGH_REQUEST_ONLY,
+    PASSTHROUGH_VERBATIM,
+    REQUEST_ID_HEADER,
+    Translating,
+    operation_label,
+)
 from gateway.core.types import (
     DERIVATIVE_KINDS,
     DERIVATIVE_OPERATION,
@@ -28,14 +36,6 @@ from gateway.core.types import (
     ModelMetadata,
     RawPayload,
     RequestContext,
-)
-from gateway.observability.record import (
-    PASSTHROUGH_RENAMED,
-    PASSTHROUGH_REQUEST_ONLY,
-    PASSTHROUGH_VERBATIM,
-    REQUEST_ID_HEADER,
-    Translating,
-    operation_label,
 )
 from gateway.protocols.umbridge import codec, errors, passthrough
 from gateway.protocols.umbridge.bridge import Bridge

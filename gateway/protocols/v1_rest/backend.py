@@ -29,6 +29,7 @@ import orjson
 
 from gateway.config.node import Node
 from gateway.core.errors import ErrorKind, GatewayError, model_not_found
+from gateway.core.record import PASSTHROUGH_REQUEST_ONLY, PASSTHROUGH_TRANSLATED
 from gateway.core.types import (
     ExtensionRequest,
     InferRequest,
@@ -38,7 +39,6 @@ from gateway.core.types import (
     RequestContext,
     Tensor,
 )
-from gateway.observability.record import PASSTHROUGH_REQUEST_ONLY, PASSTHROUGH_TRANSLATED
 from gateway.protocols.base import UpstreamClient
 from gateway.protocols.upstream import reading_reply, response_limit
 from gateway.protocols.v1_rest import EXPLAIN_OPERATION

@@ -17,9 +17,9 @@ from gateway.config.node import Node
 from gateway.core.cache import TtlCache
 from gateway.core.errors import ErrorKind, GatewayError, unsupported
 from gateway.core.limits import TensorBudget
+from gateway.core.record import REQUEST_ID_HEADER, Translating
 from gateway.core.types import InferRequest, RawPayload, RequestContext, TensorSpec
 from gateway.dataplane.routing import Route
-from gateway.observability.record import REQUEST_ID_HEADER, Translating
 from gateway.protocols.v1_rest import EXPLAIN_OPERATION, codec, errors
 from gateway.runtime.budget import admit_json
 from gateway.transport.http_server.aiohttp_app import error_middleware

@@ -24,6 +24,7 @@ from google.protobuf.message import DecodeError
 
 from gateway.config.node import Node
 from gateway.core.errors import CONNECT_FAILURE, ErrorKind, GatewayError, malformed
+from gateway.core.record import PASSTHROUGH_REQUEST_ONLY, PASSTHROUGH_TRANSLATED
 from gateway.core.types import (
     MODEL_CONFIG_OPERATION,
     ExtensionRequest,
@@ -33,7 +34,6 @@ from gateway.core.types import (
     RawPayload,
     RequestContext,
 )
-from gateway.observability.record import PASSTHROUGH_REQUEST_ONLY, PASSTHROUGH_TRANSLATED
 from gateway.protocols.base import StreamedResponse, UpstreamClient
 from gateway.protocols.upstream import (
     HOLD_LAST,

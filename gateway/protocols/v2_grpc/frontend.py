@@ -25,9 +25,7 @@ from grpc_reflection.v1alpha import reflection
 from gateway.config.node import Node
 from gateway.core.errors import ErrorKind, GatewayError, malformed, unsupported
 from gateway.core.limits import BYTES_ELEMENT_COST, TensorBudget
-from gateway.core.types import InferRequest, InferResponse, RequestContext
-from gateway.extensions import MODEL_CONFIGURATION, MODEL_REPOSITORY, STATISTICS
-from gateway.observability.record import (
+from gateway.core.record import (
     OUTCOME_CANCELLED,
     PASSTHROUGH_RENAMED,
     PASSTHROUGH_VERBATIM,
@@ -40,6 +38,8 @@ from gateway.observability.record import (
     finish_request,
     operation_label,
 )
+from gateway.core.types import InferRequest, InferResponse, RequestContext
+from gateway.extensions import MODEL_CONFIGURATION, MODEL_REPOSITORY, STATISTICS
 from gateway.protocols.base import Frontend
 from gateway.protocols.triton import shm
 from gateway.protocols.triton.service import Extensions

@@ -31,8 +31,8 @@ from typing import Any, Protocol
 import grpc
 
 from gateway.core.errors import ErrorKind, GatewayError
+from gateway.core.record import OUTCOME_CANCELLED, finish_request
 from gateway.core.types import InferRequest, InferResponse, RequestContext
-from gateway.observability.record import OUTCOME_CANCELLED, finish_request
 from gateway.protocols.base import DataPlaneApi, StreamedResponse
 from gateway.protocols.v2_grpc import codec, rawwire
 from gateway.protocols.v2_grpc import messages as pb

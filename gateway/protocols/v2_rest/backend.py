@@ -38,6 +38,7 @@ import orjson
 from gateway.config.node import Node
 from gateway.core.cache import TtlCache
 from gateway.core.errors import ErrorKind, GatewayError, malformed, unsupported
+from gateway.core.record import PASSTHROUGH_REQUEST_ONLY, PASSTHROUGH_TRANSLATED, PASSTHROUGH_VERBATIM
 from gateway.core.types import (
     MODEL_CONFIG_OPERATION,
     ExtensionRequest,
@@ -48,7 +49,6 @@ from gateway.core.types import (
     RequestContext,
     TensorSpec,
 )
-from gateway.observability.record import PASSTHROUGH_REQUEST_ONLY, PASSTHROUGH_TRANSLATED, PASSTHROUGH_VERBATIM
 from gateway.protocols.base import StreamedResponse, UpstreamClient
 from gateway.protocols.upstream import (
     HOLD_LAST,

@@ -13,10 +13,10 @@ from aiohttp import web
 from gateway.config.node import Node
 from gateway.core.errors import ErrorKind, GatewayError
 from gateway.core.limits import BYTES_ELEMENT_COST, TensorBudget
+from gateway.core.record import PASSTHROUGH_RENAMED, REQUEST_ID_HEADER
 from gateway.core.types import Handover, InferRequest, InferResponse, RequestContext
 from gateway.dataplane.routing import Route
 from gateway.extensions import BINARY_TENSOR_DATA
-from gateway.observability.record import PASSTHROUGH_RENAMED, REQUEST_ID_HEADER
 from gateway.protocols.triton import shm
 from gateway.protocols.triton.service import Extensions
 from gateway.protocols.upstream import reading_reply

@@ -25,6 +25,7 @@ from aiohttp import web
 from gateway.core.cache import TtlCache
 from gateway.core.errors import ErrorKind, GatewayError, invalid, malformed
 from gateway.core.limits import BYTES_ELEMENT_COST, TensorBudget
+from gateway.core.record import OUTCOME_CANCELLED, REQUEST_ID_HEADER
 from gateway.core.tensors import written_as_integers
 from gateway.core.types import (
     DECOUPLED_PARAMETER,
@@ -35,7 +36,6 @@ from gateway.core.types import (
     TensorSpec,
 )
 from gateway.dataplane.routing import Route
-from gateway.observability.record import OUTCOME_CANCELLED, REQUEST_ID_HEADER
 from gateway.protocols.base import DataPlaneApi, StreamedResponse
 from gateway.protocols.v2_rest import codec
 from gateway.protocols.v2_rest.flat import (

@@ -33,12 +33,12 @@ from aiohttp.web_protocol import RequestHandler
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from gateway.core.errors import ErrorKind, GatewayError, malformed, too_large
-from gateway.core.types import RequestContext
-from gateway.observability.record import (
+from gateway.core.record import (
     OUTCOME_CANCELLED,
     echo_ids,
     finish_request,
 )
+from gateway.core.types import RequestContext
 from gateway.protocols.base import Frontend
 from gateway.runtime.auth import Authenticator
 from gateway.runtime.budget import Reservation

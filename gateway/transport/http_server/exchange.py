@@ -13,8 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.core.errors import ErrorKind, GatewayError
-from gateway.core.types import RequestContext
-from gateway.observability.record import (
+from gateway.core.record import (
     OUTCOME_OK,
     REQUEST_ID_HEADER,
     TRACEPARENT_HEADER,
@@ -23,6 +22,7 @@ from gateway.observability.record import (
     accept_traceparent,
     accept_tracestate,
 )
+from gateway.core.types import RequestContext
 from gateway.runtime.budget import Reservation
 from gateway.runtime.offload import Offloader
 

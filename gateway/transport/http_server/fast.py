@@ -35,12 +35,12 @@ from urllib.parse import unquote
 import httptools
 
 from gateway.core.errors import ErrorKind, GatewayError, malformed, too_large
-from gateway.core.types import RequestContext
-from gateway.observability.record import (
+from gateway.core.record import (
     OUTCOME_CANCELLED,
     echo_ids,
     finish_request,
 )
+from gateway.core.types import RequestContext
 from gateway.transport.http_server.body import decompress, request_coding
 from gateway.transport.http_server.exchange import (
     Handler,
