@@ -41,8 +41,6 @@ ALLOWED_UPWARD: dict[tuple[str, str], str] = {
         "the JSON schema lists the Triton extensions' names",
     ("gateway.config.schema", "gateway.runtime.tls"):
         "the JSON schema lists the TLS client-auth modes",
-    ("gateway.core.limits", "gateway.config.model"):
-        "the per-request limits are built from the config's Limits section (type only)",
     ("gateway.dataplane.cluster.cluster", "gateway.protocols.base"):
         "the cluster holds UpstreamClient instances (the backend contract lives in protocols)",
     ("gateway.dataplane.cluster.cluster", "gateway.protocols.registry"):

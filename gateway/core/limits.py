@@ -12,21 +12,35 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from gateway.core.errors import malformed, too_large
 from gateway.core.types import ELEMENT_SIZE, element_count
 
-if TYPE_CHECKING:
-    from gateway.config.model import Limits
-
 # Width of a BYTES element's length prefix: its least wire size.
 BYTES_PREFIX = 4
 # A BYTES element decoded: a Python bytes object and its slot in the array
 # (what the memory budget charges per element, beside the payload).
 BYTES_ELEMENT_COST = 64
+
+
+class TensorLimits(Protocol):
+    """The limits a request's tensors are held to (the config's ``limits:``
+    section, gateway.config.model.Limits, has them)."""
+
+    @property
+    def max_tensor_elements(self) -> int: ...
+
+    @property
+    def max_request_elements(self) -> int: ...
+
+    @property
+    def max_request_tensor_bytes(self) -> int: ...
+
+    @property
+    def max_bytes_element(self) -> int: ...
 
 
 class TensorBudget:
@@ -54,7 +68,7 @@ class TensorBudget:
         self.charge = charge
 
     @classmethod
-    def of(cls, limits: Limits, charge: Callable[[int], None] | None = None) -> TensorBudget:
+    def of(cls, limits: TensorLimits, charge: Callable[[int], None] | None = None) -> TensorBudget:
         return cls(limits.max_tensor_elements, limits.max_request_elements, limits.max_request_tensor_bytes,
                    limits.max_bytes_element, charge)
 
