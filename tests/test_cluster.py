@@ -584,7 +584,7 @@ async def test_an_error_after_a_streamed_response_names_no_address(fleet: FakeFl
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """Once a stream delivered a response the request is not retried, and
     its error still goes to the client without the upstream's addresses."""
-    from gateway.protocols.base import StreamedResponse
+    from gateway.core.contracts import StreamedResponse
 
     dp = await plane(fleet)
 

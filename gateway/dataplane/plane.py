@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
 from gateway.config.model import BatchingConfig, GatewayConfig, starvation_warnings
+from gateway.core.contracts import Backend, StreamedResponse
 from gateway.core.errors import (
     CONNECT_FAILURE,
     CONNECTION_RESET,
@@ -47,7 +48,6 @@ from gateway.dataplane.routing import Route, RouteTable, shadow_warnings
 from gateway.observability.counters import Counters, Event
 from gateway.observability.metrics import metrics_hook, metrics_of
 from gateway.observability.statistics import batch_size
-from gateway.protocols.base import StreamedResponse, UpstreamClient
 from gateway.protocols.upstream import without_addresses
 
 log = logging.getLogger(__name__)
@@ -214,7 +214,7 @@ class DataPlane:
     # --- one request: deadline and attempts ----------------------------------
 
     async def _call(self, generation: Generation, route: Route, ctx: RequestContext,
-                    call: Callable[[UpstreamClient], Awaitable[T]], upstream: str | None = None,
+                    call: Callable[[Backend], Awaitable[T]], upstream: str | None = None,
                     sequence: SequenceStep | None = None) -> T:
         """Run ``call`` on endpoints of the route's upstream, retrying as the
         route's policy allows, all within one deadline: the route's timeout
@@ -248,7 +248,7 @@ class DataPlane:
                                f"upstream '{cluster.name}' did not answer within {budget:g}s ({whose})") from None
 
     async def _attempts(self, cluster: Cluster, route: Route, ctx: RequestContext,
-                        call: Callable[[UpstreamClient], Awaitable[T]], deadline: asyncio.Timeout,
+                        call: Callable[[Backend], Awaitable[T]], deadline: asyncio.Timeout,
                         blame_timeouts: bool, sequence: SequenceStep | None = None) -> T:
         policy = route.config.retry
         hash_header = cluster.config.load_balancing.header
@@ -438,7 +438,7 @@ class DataPlane:
                 else dataclasses.replace(request, model_name=model, model_version=version)
             broken: list[Exception] = []
 
-            async def relay(client: UpstreamClient) -> None:
+            async def relay(client: Backend) -> None:
                 delivered = False
                 try:
                     parts = client.infer_stream(upstream_request, ctx)

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import abc
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from gateway.config.node import Node
+from gateway.core.contracts import StreamedResponse
 from gateway.core.errors import unsupported
 from gateway.core.types import InferRequest, InferResponse, ModelMetadata, RequestContext
 from gateway.runtime.auth import AUTHORIZATION, credential_headers
@@ -27,16 +27,6 @@ if TYPE_CHECKING:
     from gateway.config.model import Address, GatewayConfig, ListenerConfig, UpstreamConfig
     from gateway.dataplane.routing import Route, RouteTable
     from gateway.runtime.services import GatewayServices
-
-
-@dataclass(slots=True)
-class StreamedResponse:
-    """One response of a streamed request. ``final``: the upstream said no
-    more follow (a unary answer is final; a decoupled upstream may instead
-    just end its stream after responses that were not)."""
-
-    response: InferResponse
-    final: bool = False
 
 
 class DataPlaneApi(Protocol):
@@ -134,7 +124,8 @@ class Frontend(abc.ABC):
 
 
 class UpstreamClient(abc.ABC):
-    """Speaks an upstream's protocol to one endpoint (or in-process)."""
+    """Speaks an upstream's protocol to one endpoint (or in-process); a
+    gateway.core.contracts.Backend, the data plane's view of it."""
 
     # Operations call_extension answers (names in gateway.core.types); callers
     # ask DataPlane.offers before promising them to a client.

@@ -30,6 +30,7 @@ from dataclasses import asdict
 from typing import Any
 
 from gateway.config.model import Address, UpstreamConfig
+from gateway.core.contracts import Backend
 from gateway.core.errors import ErrorKind, GatewayError
 from gateway.core.hashing import stable_hash
 from gateway.core.types import RequestContext
@@ -38,11 +39,10 @@ from gateway.dataplane.cluster.discovery import NameWatch, is_name
 from gateway.dataplane.retry import ENDPOINT_FAILURES, budget_allows
 from gateway.observability.counters import Counters, EndpointCounters, Event
 from gateway.protocols import registry
-from gateway.protocols.base import UpstreamClient
 
 log = logging.getLogger(__name__)
 
-ClientFactory = Callable[[UpstreamConfig, "Address | None", Any], UpstreamClient]
+ClientFactory = Callable[[UpstreamConfig, "Address | None", Any], Backend]
 RING_POINTS_PER_ENDPOINT = 160  # enough for an even spread over a few endpoints
 IN_PROCESS = "in-process"
 
@@ -60,7 +60,7 @@ def decayed_ejections(ejections: int, healthy_for: float, base: float) -> int:
 class Endpoint:
     """One address of a cluster, with its client and its health."""
 
-    def __init__(self, client: UpstreamClient, address: str, counters: EndpointCounters,
+    def __init__(self, client: Backend, address: str, counters: EndpointCounters,
                  origin: NameWatch | None = None, resolved: str | None = None, created: float = 0.0) -> None:
         self.client = client
         self.address = address
@@ -101,7 +101,7 @@ class Lease:
         self.released = False
 
     @property
-    def client(self) -> UpstreamClient:
+    def client(self) -> Backend:
         return self.endpoint.client
 
     def release(self, failure: str | None, *, blame_endpoint: bool = True) -> None:
@@ -170,7 +170,7 @@ class Cluster:
         return self.config.name
 
     @property
-    def clients(self) -> list[UpstreamClient]:
+    def clients(self) -> list[Backend]:
         return [e.client for e in self.endpoints]
 
     # --- lifecycle ----------------------------------------------------------

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.config.node import Node
+from gateway.core.contracts import StreamedResponse
 from gateway.core.errors import model_not_found, unsupported
 from gateway.core.types import (
     DERIVATIVE_OPERATION,
@@ -19,7 +20,7 @@ from gateway.core.types import (
     ModelMetadata,
     RequestContext,
 )
-from gateway.protocols.base import StreamedResponse, UpstreamClient
+from gateway.protocols.base import UpstreamClient
 from gateway.protocols.builtin.decoupled import DecoupledModel, RepeatInt32, decoupled_refusal
 from gateway.protocols.builtin.gnn import GnnModel, GnnSettings, parse_gnn_settings
 from gateway.protocols.builtin.models import MODEL_VERSION, AddSub, BuiltinModel, Forward, Identity, Trig

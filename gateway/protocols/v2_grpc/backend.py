@@ -23,6 +23,7 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from gateway.config.node import Node
+from gateway.core.contracts import StreamedResponse
 from gateway.core.errors import CONNECT_FAILURE, ErrorKind, GatewayError, malformed
 from gateway.core.record import PASSTHROUGH_REQUEST_ONLY, PASSTHROUGH_TRANSLATED
 from gateway.core.types import (
@@ -34,7 +35,7 @@ from gateway.core.types import (
     RawPayload,
     RequestContext,
 )
-from gateway.protocols.base import StreamedResponse, UpstreamClient
+from gateway.protocols.base import UpstreamClient
 from gateway.protocols.upstream import (
     HOLD_LAST,
     parse_response_limit,

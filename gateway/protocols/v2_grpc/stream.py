@@ -30,10 +30,11 @@ from typing import Any, Protocol
 
 import grpc
 
+from gateway.core.contracts import StreamedResponse
 from gateway.core.errors import ErrorKind, GatewayError
 from gateway.core.record import OUTCOME_CANCELLED, finish_request
 from gateway.core.types import InferRequest, InferResponse, RequestContext
-from gateway.protocols.base import DataPlaneApi, StreamedResponse
+from gateway.protocols.base import DataPlaneApi
 from gateway.protocols.v2_grpc import codec, rawwire
 from gateway.protocols.v2_grpc import messages as pb
 from gateway.runtime.budget import Reservation

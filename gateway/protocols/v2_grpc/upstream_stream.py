@@ -19,8 +19,8 @@ from __future__ import annotations
 import grpc
 from google.protobuf.message import DecodeError
 
+from gateway.core.contracts import StreamedResponse
 from gateway.core.errors import GatewayError, malformed
-from gateway.protocols.base import StreamedResponse
 from gateway.protocols.upstream import reading_reply
 from gateway.protocols.v2_grpc import codec, rawwire
 from gateway.protocols.v2_grpc import messages as pb

@@ -37,6 +37,7 @@ import orjson
 
 from gateway.config.node import Node
 from gateway.core.cache import TtlCache
+from gateway.core.contracts import StreamedResponse
 from gateway.core.errors import ErrorKind, GatewayError, malformed, unsupported
 from gateway.core.record import PASSTHROUGH_REQUEST_ONLY, PASSTHROUGH_TRANSLATED, PASSTHROUGH_VERBATIM
 from gateway.core.types import (
@@ -49,7 +50,7 @@ from gateway.core.types import (
     RequestContext,
     TensorSpec,
 )
-from gateway.protocols.base import StreamedResponse, UpstreamClient
+from gateway.protocols.base import UpstreamClient
 from gateway.protocols.upstream import (
     HOLD_LAST,
     parse_response_limit,

@@ -23,6 +23,7 @@ import orjson
 from aiohttp import web
 
 from gateway.core.cache import TtlCache
+from gateway.core.contracts import StreamedResponse
 from gateway.core.errors import ErrorKind, GatewayError, invalid, malformed
 from gateway.core.limits import BYTES_ELEMENT_COST, TensorBudget
 from gateway.core.record import OUTCOME_CANCELLED, REQUEST_ID_HEADER
@@ -36,7 +37,7 @@ from gateway.core.types import (
     TensorSpec,
 )
 from gateway.dataplane.routing import Route
-from gateway.protocols.base import DataPlaneApi, StreamedResponse
+from gateway.protocols.base import DataPlaneApi
 from gateway.protocols.v2_rest import codec
 from gateway.protocols.v2_rest.flat import (
     METADATA_TTL,
