@@ -17,6 +17,7 @@ from gateway.core.errors import ErrorKind, GatewayError
 from gateway.core.types import InferRequest, InferResponse, RawPayload, RequestContext, RequestedOutput, Tensor
 from gateway.dataplane.batching import Batcher, Member, batch_key, concatenate, split
 from gateway.dataplane.plane import DataPlane
+from gateway.protocols import registry
 from gateway.runtime.services import GatewayServices
 
 WAIT = 5.0  # bound on every wait below; the batches themselves take milliseconds
@@ -255,7 +256,7 @@ routes:
 
 async def test_through_the_data_plane_to_a_builtin_upstream() -> None:
     config = parse_config(yaml.safe_load(BUILTIN))
-    plane = DataPlane(config, GatewayServices(config, config.server))
+    plane = DataPlane(config, GatewayServices(config, config.server), backends=registry.backend)
     await plane.start()
     try:
         def simple(i: int, rows: int) -> tuple[InferRequest, RequestContext]:
@@ -333,7 +334,7 @@ async def test_umbridge_evaluations_through_their_v2_mapping_share_a_batch() -> 
 
     text = BUILTIN.replace("{model: simple}", "{model: trig}").replace("v2-rest", "umbridge")
     config = parse_config(yaml.safe_load(text))
-    plane = DataPlane(config, GatewayServices(config, config.server))
+    plane = DataPlane(config, GatewayServices(config, config.server), backends=registry.backend)
     await plane.start()
     try:
         client = plane.clusters["local"].clients[0]
@@ -362,7 +363,7 @@ async def test_umbridge_evaluations_through_their_v2_mapping_share_a_batch() -> 
 async def _builtin_plane(batching: str, timeout: str = "") -> DataPlane:
     text = BUILTIN.replace("batching: {max_batch_size: 16, max_delay_ms: 20}", f"batching: {batching}{timeout}")
     config = parse_config(yaml.safe_load(text))
-    plane = DataPlane(config, GatewayServices(config, config.server))
+    plane = DataPlane(config, GatewayServices(config, config.server), backends=registry.backend)
     await plane.start()
     return plane
 
@@ -420,7 +421,7 @@ async def test_a_sequence_s_requests_are_never_batched() -> None:
     one request's state change twice. They go alone, in order."""
     text = BUILTIN.replace("match: {model: simple}", 'match: {model: "*"}')
     config = parse_config(yaml.safe_load(text))
-    plane = DataPlane(config, GatewayServices(config, config.server))
+    plane = DataPlane(config, GatewayServices(config, config.server), backends=registry.backend)
     await plane.start()
     try:
         def step(value: int, **flags: bool) -> tuple[InferRequest, RequestContext]:

@@ -41,12 +41,8 @@ ALLOWED_UPWARD: dict[tuple[str, str], str] = {
         "the JSON schema lists the Triton extensions' names",
     ("gateway.config.schema", "gateway.runtime.tls"):
         "the JSON schema lists the TLS client-auth modes",
-    ("gateway.dataplane.cluster.cluster", "gateway.protocols.registry"):
-        "the cluster builds its endpoints' clients from the registry (no injected factory yet)",
     ("gateway.dataplane.plane", "gateway.protocols.upstream"):
         "the data plane strips endpoint addresses from upstream errors (without_addresses)",
-    ("gateway.dataplane.routing", "gateway.protocols.registry"):
-        "header forwarding asks the registry for every protocol's framing headers",
     ("gateway.transport.http_client.client", "gateway.protocols.upstream"):
         "the HTTP client uses the shared reply-size bound and bad-reply mapping",
     ("gateway.transport.http_server.aiohttp_app", "gateway.protocols.base"):

@@ -20,6 +20,7 @@ from gateway.core.types import InferRequest, RequestContext
 from gateway.dataplane.plane import DataPlane
 from gateway.observability.accesslog import AccessLog
 from gateway.observability.metrics import OTHER_MODEL, UNKNOWN_MODEL, GatewayMetrics
+from gateway.protocols import registry
 from gateway.runtime.services import GatewayServices
 
 VALID_TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
@@ -179,7 +180,7 @@ async def test_dataplane_fills_the_record_and_counts_timeouts() -> None:
     config = parse_config(ROUTED_CONFIG)
     metrics = build_metrics(config, "test")
     services = GatewayServices(config, config.server, metrics=metrics)
-    dataplane = DataPlane(config, services)
+    dataplane = DataPlane(config, services, backends=registry.backend)
     client = dataplane.clusters["local"].clients[0]
 
     async def slow(request: InferRequest, ctx: RequestContext) -> None:

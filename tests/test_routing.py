@@ -41,7 +41,7 @@ upstreams:
 
 
 def table(routes: str) -> RouteTable:
-    return RouteTable(parse_config(yaml.safe_load(HEAD + "routes:\n" + routes)))
+    return RouteTable(parse_config(yaml.safe_load(HEAD + "routes:\n" + routes)), registry.framing_headers())
 
 
 def problems(text: str) -> list[str]:

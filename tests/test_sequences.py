@@ -20,6 +20,7 @@ from gateway.config.node import ConfigError
 from gateway.core.errors import ErrorKind, GatewayError, Saturated
 from gateway.core.types import InferRequest, RequestContext, Tensor
 from gateway.dataplane.plane import DataPlane
+from gateway.protocols import registry
 from gateway.protocols.builtin.sequences import DynaSequence, SequenceModel, SequenceSettings, StringDynaSequence
 from gateway.runtime.budget import InflightBudget
 from gateway.runtime.services import GatewayServices
@@ -216,7 +217,7 @@ routes:
 """
     config = parse_config(yaml.safe_load(text % "60s"))
     services = GatewayServices(config, config.server)
-    plane = DataPlane(config, services)
+    plane = DataPlane(config, services, backends=registry.backend)
     await plane.start()
     try:
         async def start(sequence: str) -> None:

@@ -27,6 +27,7 @@ from gateway.core.types import (
     TensorSpec,
 )
 from gateway.dataplane.plane import DataPlane
+from gateway.protocols import registry
 from gateway.protocols.umbridge.bridge import Bridge
 from gateway.protocols.umbridge.mapping import Slot, build_view, to_datatype
 from gateway.protocols.umbridge.options import FiniteDifferences, RouteOptions
@@ -42,7 +43,7 @@ routes: [{match: {model: "*"}, upstream: local}]
 @pytest.fixture
 async def dataplane() -> Any:
     config = parse_config(__import__("yaml").safe_load(CONFIG))
-    plane = DataPlane(config, GatewayServices(config, config.server))
+    plane = DataPlane(config, GatewayServices(config, config.server), backends=registry.backend)
     await plane.start()
     yield plane
     await plane.close()

@@ -28,6 +28,8 @@ from gateway.observability.statistics import StatisticsStore
 from gateway.observability.tracing import Tracing
 from gateway.protocols import registry
 from gateway.protocols.base import DataPlaneApi, Frontend
+from gateway.protocols.registry import backend as protocol_backend
+from gateway.protocols.registry import framing_headers
 from gateway.runtime.auth import CredentialConfig
 from gateway.runtime.budget import InflightBudget
 from gateway.runtime.services import GatewayServices
@@ -102,7 +104,9 @@ class Gateway:
             statistics=StatisticsStore(config.observability.metrics.max_model_labels),
             budget=InflightBudget(config.limits.max_inflight_bytes, metrics.budget_refusals.inc))
         self.counters = counters or Counters()
-        self.dataplane = DataPlane(config, self.services, self.counters)
+        # The data plane knows no protocol: the registry's backends and framing headers are handed in.
+        self.dataplane = DataPlane(config, self.services, self.counters, backends=protocol_backend,
+                                   framing_headers=framing_headers())
         self.frontends: dict[str, Frontend] = {}
         self._admin: web.AppRunner | None = None
         self.admin_port = 0

@@ -42,9 +42,9 @@ from gateway.core.types import (
 )
 from gateway.dataplane.affinity import SequencePins, SequenceStep, sequence_step
 from gateway.dataplane.batching import Batcher, Member, batch_context, compatibility, share_facts
-from gateway.dataplane.cluster.cluster import ClientFactory, Cluster, Endpoint
+from gateway.dataplane.cluster.cluster import Backends, ClientFactory, Cluster, Endpoint
 from gateway.dataplane.retry import PER_TRY_TIMEOUT, TIMEOUT, backoff_delay, error_chain, failure_reason
-from gateway.dataplane.routing import Route, RouteTable, shadow_warnings
+from gateway.dataplane.routing import NO_FRAMING_HEADERS, FramingHeaders, Route, RouteTable, shadow_warnings
 from gateway.observability.counters import Counters, Event
 from gateway.observability.metrics import metrics_hook, metrics_of
 from gateway.observability.statistics import batch_size
@@ -91,12 +91,15 @@ class Generation:
 
 class DataPlane:
     def __init__(self, config: GatewayConfig, services: Any, counters: Counters | None = None, *,
-                 client_factory: ClientFactory | None = None, clock: Callable[[], float] = time.monotonic,
+                 backends: Backends | None = None, client_factory: ClientFactory | None = None,
+                 framing_headers: FramingHeaders = NO_FRAMING_HEADERS, clock: Callable[[], float] = time.monotonic,
                  rng: random.Random | None = None) -> None:
         self.counters = counters or Counters()
         self.metrics = metrics_of(services)
         self.counters.subscribe(metrics_hook(self.metrics))
+        self._backends = backends
         self._client_factory = client_factory
+        self._framing_headers = framing_headers
         self._services = services
         self._clock = clock
         self._rng = rng or random.Random()
@@ -130,9 +133,9 @@ class DataPlane:
         for upstream in config.upstreams:
             old = reuse.get(upstream.name)
             clusters[upstream.name] = old if old is not None and old.config == upstream else Cluster(
-                upstream, services, self.counters, client_factory=self._client_factory, clock=self._clock,
-                rng=self._rng)
-        return Generation(config, RouteTable(config), clusters)
+                upstream, services, self.counters, backends=self._backends, client_factory=self._client_factory,
+                clock=self._clock, rng=self._rng)
+        return Generation(config, RouteTable(config, self._framing_headers), clusters)
 
     async def start(self) -> None:
         await asyncio.gather(*(cluster.start() for cluster in self.clusters.values()))

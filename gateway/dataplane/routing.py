@@ -11,14 +11,13 @@ from dataclasses import dataclass
 from gateway.config.model import GatewayConfig, RouteConfig, RouteMatch, StringMatch
 from gateway.config.view import redacted
 from gateway.core.hashing import stable_hash
-from gateway.protocols import registry
 
 REQUEST_ID_HEADER = "x-request-id"
 # Always forwarded, whatever the allowlist says: request id and W3C trace context.
 ALWAYS_FORWARDED = ("traceparent", "tracestate")
 # Hop-by-hop and framing headers belong to one connection or one encoding;
 # the upstream client sets its own. Never forwarded, even when allowlisted;
-# nor are the protocols' own framing headers (registry.framing_headers).
+# nor are the protocols' own framing headers (FramingHeaders: the app hands in the registry's).
 NEVER_FORWARDED = frozenset({
     "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection", "te",
     "trailer", "transfer-encoding", "upgrade", "host", "content-length", "content-type", "content-encoding",
@@ -175,11 +174,17 @@ def build_route(index: int, rc: RouteConfig,
                  tuple(bounds), compile_allowlist(rc.forward_headers), never[0], never[1])
 
 
+# Every protocol's framing headers, exact names and prefixes
+# (gateway.protocols.registry.framing_headers()): never forwarded.
+FramingHeaders = tuple[frozenset[str], tuple[str, ...]]
+NO_FRAMING_HEADERS: FramingHeaders = (frozenset(), ())
+
+
 class RouteTable:
     """Ordered routes; the first match wins. Frozen; replaced whole on reload."""
 
-    def __init__(self, config: GatewayConfig) -> None:
-        names, prefixes = registry.framing_headers()
+    def __init__(self, config: GatewayConfig, framing_headers: FramingHeaders = NO_FRAMING_HEADERS) -> None:
+        names, prefixes = framing_headers
         never = (NEVER_FORWARDED | names, NEVER_FORWARDED_PREFIXES + prefixes)
         self.routes = tuple(build_route(i, rc, never) for i, rc in enumerate(config.routes))
 

@@ -50,6 +50,12 @@ def load(protocol: str, side: str) -> Any:
     return getattr(_package(protocol), EXPORTS[side])
 
 
+def backend(protocol: str) -> Any:
+    """A protocol's backend class (what the app hands the data plane's
+    clusters); KeyError if it has none."""
+    return load(protocol, "backend")
+
+
 def framing_headers() -> tuple[frozenset[str], tuple[str, ...]]:
     """Every protocol's framing headers (its package's ``FRAMING_HEADERS``:
     lower-case names, or prefixes ending in ``*``): the exact names and the

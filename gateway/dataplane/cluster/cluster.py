@@ -27,7 +27,7 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import asdict
-from typing import Any
+from typing import Any, Protocol
 
 from gateway.config.model import Address, UpstreamConfig
 from gateway.core.contracts import Backend
@@ -38,11 +38,24 @@ from gateway.dataplane.affinity import SequencePins
 from gateway.dataplane.cluster.discovery import NameWatch, is_name
 from gateway.dataplane.retry import ENDPOINT_FAILURES, budget_allows
 from gateway.observability.counters import Counters, EndpointCounters, Event
-from gateway.protocols import registry
 
 log = logging.getLogger(__name__)
 
 ClientFactory = Callable[[UpstreamConfig, "Address | None", Any], Backend]
+
+
+class BackendClass(Protocol):
+    """A protocol's backend (its UpstreamClient class): built once per
+    endpoint, or once when it needs none (in-process)."""
+
+    def __call__(self, upstream: UpstreamConfig, endpoint: Address | None, services: Any) -> Backend: ...
+
+    def needs_endpoints(self) -> bool: ...
+
+
+# A protocol's name -> its backend class; the app hands in the registry's.
+Backends = Callable[[str], BackendClass]
+
 RING_POINTS_PER_ENDPOINT = 160  # enough for an even spread over a few endpoints
 IN_PROCESS = "in-process"
 
@@ -124,15 +137,17 @@ class Cluster:
     """An upstream's endpoints, each with its own protocol client."""
 
     def __init__(self, config: UpstreamConfig, services: Any, counters: Counters | None = None, *,
-                 client_factory: ClientFactory | None = None, clock: Callable[[], float] = time.monotonic,
-                 rng: random.Random | None = None) -> None:
+                 backends: Backends | None = None, client_factory: ClientFactory | None = None,
+                 clock: Callable[[], float] = time.monotonic, rng: random.Random | None = None) -> None:
         self.config = config
         self.counters = counters or Counters()
         self.stats = self.counters.upstream(config.name)
         self._clock = clock
         self._rng = rng or random.Random()
         if client_factory is None:
-            client_class = registry.load(config.protocol, "backend")
+            if backends is None:
+                raise TypeError("a Cluster needs its backends (the protocol registry's) or a client_factory")
+            client_class = backends(config.protocol)
             addresses: tuple[Address | None, ...] = config.endpoints if client_class.needs_endpoints() else (None,)
             client_factory = client_class
         else:
