@@ -440,7 +440,7 @@ def test_upstream_errors_name_the_cluster_and_log_the_address(faulty: Faulty, li
 ])
 def test_addresses_are_cut_from_upstream_words(text: str, expected: str) -> None:
     from gateway.config.model import Address
-    from gateway.protocols.upstream import without_addresses
+    from gateway.core.addresses import without_addresses
 
     assert without_addresses(text, Address("triton.svc.cluster.local", 8001)) == expected
 
@@ -455,8 +455,8 @@ async def test_http_upstreams_have_no_total_timeout_of_their_own() -> None:
     from types import SimpleNamespace
 
     from gateway.protocols import registry
-    from gateway.protocols.upstream import CONNECT_TIMEOUT
     from gateway.transport.http_client.client import UpstreamHttp
+    from gateway.transport.upstream import CONNECT_TIMEOUT
     from support import parse_yaml_config
 
     config = parse_yaml_config("""

@@ -13,7 +13,7 @@ from support import REPO
 
 GATEWAY = REPO / "gateway"
 # What protocols share, and how the rest of the gateway reaches them.
-NEUTRAL = frozenset({"gateway.protocols", "gateway.protocols.base", "gateway.protocols.upstream",
+NEUTRAL = frozenset({"gateway.protocols", "gateway.protocols.base",
                      "gateway.protocols.registry", "gateway.protocols.triton"})
 
 # The layers, lowest first: gateway.<layer>.*; a module may import its own
@@ -41,10 +41,6 @@ ALLOWED_UPWARD: dict[tuple[str, str], str] = {
         "the JSON schema lists the Triton extensions' names",
     ("gateway.config.schema", "gateway.runtime.tls"):
         "the JSON schema lists the TLS client-auth modes",
-    ("gateway.dataplane.plane", "gateway.protocols.upstream"):
-        "the data plane strips endpoint addresses from upstream errors (without_addresses)",
-    ("gateway.transport.http_client.client", "gateway.protocols.upstream"):
-        "the HTTP client uses the shared reply-size bound and bad-reply mapping",
     ("gateway.transport.http_server.aiohttp_app", "gateway.protocols.base"):
         "the aiohttp app is typed against the Frontend contract",
     ("gateway.transport.http_server.frontend", "gateway.protocols.base"):

@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
 from gateway.config.model import BatchingConfig, GatewayConfig, starvation_warnings
+from gateway.core.addresses import without_addresses
 from gateway.core.contracts import Backend, StreamedResponse
 from gateway.core.errors import (
     CONNECT_FAILURE,
@@ -48,7 +49,6 @@ from gateway.dataplane.routing import NO_FRAMING_HEADERS, FramingHeaders, Route,
 from gateway.observability.counters import Counters, Event
 from gateway.observability.metrics import metrics_hook, metrics_of
 from gateway.observability.statistics import batch_size
-from gateway.protocols.upstream import without_addresses
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

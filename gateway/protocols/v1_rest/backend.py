@@ -40,12 +40,12 @@ from gateway.core.types import (
     Tensor,
 )
 from gateway.protocols.base import UpstreamClient
-from gateway.protocols.upstream import reading_reply, response_limit
 from gateway.protocols.v1_rest import EXPLAIN_OPERATION
 from gateway.protocols.v1_rest import upstream_codec as codec
 from gateway.protocols.v1_rest.upstream_options import V1UpstreamOptions, parse_upstream_options
 from gateway.runtime.tls import http_client_tls
 from gateway.transport.http_client.client import HttpReply, UpstreamHttp
+from gateway.transport.upstream import reading_reply, response_limit
 
 PROTOCOL = "v1-rest"
 PLATFORM = "v1-rest"

@@ -10,7 +10,7 @@ from types import MappingProxyType
 
 from gateway.config.node import Node
 from gateway.core.types import DATATYPES, TensorSpec
-from gateway.protocols.upstream import parse_response_limit
+from gateway.transport.upstream import parse_response_limit
 
 ROW, COLUMNAR = "instances", "inputs"  # the request forms, named by their body's key
 DEFAULT_OUTPUT = "predictions"

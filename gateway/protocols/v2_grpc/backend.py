@@ -36,16 +36,16 @@ from gateway.core.types import (
     RequestContext,
 )
 from gateway.protocols.base import UpstreamClient
-from gateway.protocols.upstream import (
+from gateway.protocols.v2_grpc import codec, extensions, passthrough, upstream_stream
+from gateway.protocols.v2_grpc import messages as pb
+from gateway.runtime.tls import grpc_channel_credentials, grpc_channel_options
+from gateway.transport.upstream import (
     HOLD_LAST,
     parse_response_limit,
     parse_stream_relay,
     reading_reply,
     response_limit,
 )
-from gateway.protocols.v2_grpc import codec, extensions, passthrough, upstream_stream
-from gateway.protocols.v2_grpc import messages as pb
-from gateway.runtime.tls import grpc_channel_credentials, grpc_channel_options
 
 if TYPE_CHECKING:
     from gateway.config.model import RouteConfig
@@ -65,7 +65,7 @@ STREAMED_MIN_BYTES = 1 << 20
 class GrpcUpstreamOptions:
     max_response_bytes: int | None = None  # None: 4 x limits.max_request_bytes
     stream_form: str = upstream_stream.AUTO  # what its ModelStreamInfer streams: auto | triton | mlserver
-    stream_relay: str = HOLD_LAST  # MLServer's form: hold_last | immediate (gateway/protocols/upstream.py)
+    stream_relay: str = HOLD_LAST  # MLServer's form: hold_last | immediate (gateway/transport/upstream.py)
 
 
 class V2GrpcClient(UpstreamClient):

@@ -51,7 +51,12 @@ from gateway.core.types import (
     TensorSpec,
 )
 from gateway.protocols.base import UpstreamClient
-from gateway.protocols.upstream import (
+from gateway.protocols.v2_rest import codec
+from gateway.protocols.v2_rest.flat import METADATA_TTL, encode_flat_request, flat_answer_items
+from gateway.runtime.tls import http_client_tls
+from gateway.transport.http_client.client import HttpReply, UpstreamHttp
+from gateway.transport.http_server.sse import SseError, SseEvent, SseParser
+from gateway.transport.upstream import (
     HOLD_LAST,
     parse_response_limit,
     parse_stream_relay,
@@ -59,11 +64,6 @@ from gateway.protocols.upstream import (
     response_limit,
     without_addresses,
 )
-from gateway.protocols.v2_rest import codec
-from gateway.protocols.v2_rest.flat import METADATA_TTL, encode_flat_request, flat_answer_items
-from gateway.runtime.tls import http_client_tls
-from gateway.transport.http_client.client import HttpReply, UpstreamHttp
-from gateway.transport.http_server.sse import SseError, SseEvent, SseParser
 
 log = logging.getLogger(__name__)
 BINARY_EXTENSION = "binary_tensor_data"

@@ -19,7 +19,6 @@ from gateway.dataplane.routing import Route
 from gateway.extensions import BINARY_TENSOR_DATA
 from gateway.protocols.triton import shm
 from gateway.protocols.triton.service import Extensions
-from gateway.protocols.upstream import reading_reply
 from gateway.protocols.v2_rest import codec, errors, extensions
 from gateway.protocols.v2_rest.generate import GenerateHandlers
 from gateway.runtime.budget import admit_json
@@ -27,6 +26,7 @@ from gateway.transport.http_server.aiohttp_app import error_middleware, request_
 from gateway.transport.http_server.body import accepted_coding
 from gateway.transport.http_server.exchange import Handler, HttpReply, HttpRequest, compress
 from gateway.transport.http_server.frontend import AiohttpRequest, HttpFrontend
+from gateway.transport.upstream import reading_reply
 
 PROTOCOL = codec.PROTOCOL
 _HEADER_LENGTH = codec.HEADER_LENGTH.lower()

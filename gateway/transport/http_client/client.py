@@ -53,8 +53,8 @@ from typing import TYPE_CHECKING, cast
 import httptools
 
 from gateway.core.errors import ErrorKind, GatewayError, connect_failure, connection_reset
-from gateway.protocols.upstream import CONNECT_TIMEOUT, connect_error_words, too_large_reply
 from gateway.runtime.tls import HttpClientTls
+from gateway.transport.upstream import CONNECT_TIMEOUT, connect_error_words, too_large_reply
 
 if TYPE_CHECKING:
     from gateway.config.model import Address

@@ -1,17 +1,18 @@
 """What the network upstream clients share: reading an upstream's reply
-safely, the bound on how much of it they accept, and keeping endpoint
-addresses out of what clients see."""
+safely, the bound on how much of it they accept, and why a connection
+failed in words without the address (gateway/core/addresses.py keeps
+addresses out of what clients see)."""
 
 from __future__ import annotations
 
 import os
-import re
 import ssl
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from gateway.config.node import Node
+from gateway.core.addresses import without_addresses
 from gateway.core.errors import ErrorKind, GatewayError
 
 # A connection attempt to an endpoint gives up after this long (s), whatever
@@ -64,33 +65,6 @@ def reading_reply(upstream: str) -> Iterator[None]:
             raise
         raise GatewayError(ErrorKind.UPSTREAM_BAD_RESPONSE,
                            f"upstream {upstream} sent an unreadable reply: {error.message}") from None
-
-
-# What names a network address in a transport's words: URLs, IPv4 and
-# bracketed IPv6 literals with their ports, grpc core's "ipv4:10.0.0.5:8001",
-# Python's socket address tuples "('10.0.0.5', 8001)".
-_ADDRESS = re.compile(
-    r"\('[0-9a-f]*[.:][0-9a-f:.%]*',\s*\d+(?:,\s*\d+){0,2}\)"
-    r"|\b[a-z][a-z0-9+.-]*://[^\s'\"]+"
-    r"|(?:\b(?:ipv4|ipv6):)?(?:\[[0-9a-f.]*:[0-9a-f.]*:[0-9a-f:.]*(?:%[\w.-]+)?\]|%5B[0-9a-f:.%]+%5D"
-    r"|\b\d{1,3}(?:\.\d{1,3}){3}\b)(?::\d+)?"
-    r"|\bunix(?:-abstract)?:[^\s:,;]+", re.IGNORECASE)
-ADDRESS_REDACTED = "<address>"
-
-
-def without_addresses(text: str, endpoint: object = None) -> str:
-    """``text`` with network addresses replaced, for errors clients see
-    (docs/security.md: addresses go to the log only). ``endpoint`` (an
-    Address, or its ``host:port`` text) is replaced also when it is a host
-    name, and its host alone when that is qualified (has a dot)."""
-    text = _ADDRESS.sub(ADDRESS_REDACTED, text)
-    if endpoint is not None:
-        where = str(endpoint)
-        text = text.replace(where, ADDRESS_REDACTED)
-        host = where.rpartition(":")[0].strip("[]")
-        if "." in host:
-            text = re.sub(rf"(?<![\w.-]){re.escape(host)}(?![\w-])", ADDRESS_REDACTED, text)
-    return text
 
 
 def connect_error_words(error: OSError, endpoint: object = None) -> str:
