@@ -115,6 +115,18 @@ def _graph(known: dict[str, Path]) -> dict[str, set[str]]:
             for module, path in known.items()}
 
 
+def test_every_imported_gateway_module_is_in_this_tree() -> None:
+    """A module that moved must be imported by its new name everywhere: an
+    editable install elsewhere would otherwise quietly serve the old one."""
+    known = _modules()
+    sources = [*GATEWAY.rglob("*.py"), *(REPO / "tests").rglob("*.py"), *(REPO / "bench").rglob("*.py")]
+    missing = sorted(f"{path.relative_to(REPO)} imports {imported}" for path in sources
+                     if "generated" not in path.parts and "data" not in path.relative_to(REPO).parts
+                     for imported in _imports(path, known)
+                     if imported not in known and ".generated" not in imported)
+    assert not missing, "\n".join(missing)
+
+
 def test_every_module_is_in_a_layer() -> None:
     outside = [module for module in _modules() if module not in ("gateway", "gateway.__main__")
                and module.split(".")[1] not in LAYERS]

@@ -39,9 +39,8 @@ from gateway.core.record import (
     operation_label,
 )
 from gateway.core.types import InferRequest, InferResponse, RequestContext
-from gateway.extensions import MODEL_CONFIGURATION, MODEL_REPOSITORY, STATISTICS
 from gateway.protocols.base import Frontend
-from gateway.protocols.triton import shm
+from gateway.protocols.triton import MODEL_CONFIGURATION, MODEL_REPOSITORY, STATISTICS, shm
 from gateway.protocols.triton.service import Extensions
 from gateway.protocols.v2_grpc import codec, extensions, passthrough
 from gateway.protocols.v2_grpc import messages as pb

@@ -19,9 +19,15 @@ from aiohttp import web
 
 from gateway.core.errors import malformed, unsupported
 from gateway.core.types import RequestContext
-from gateway.extensions import MODEL_CONFIGURATION, MODEL_REPOSITORY, REFUSALS, STATISTICS, SYSTEM_SHARED_MEMORY
 from gateway.observability.statistics import Duration, ModelStatistics
-from gateway.protocols.triton import shm
+from gateway.protocols.triton import (
+    MODEL_CONFIGURATION,
+    MODEL_REPOSITORY,
+    REFUSALS,
+    STATISTICS,
+    SYSTEM_SHARED_MEMORY,
+    shm,
+)
 from gateway.protocols.triton.repository import IndexEntry
 from gateway.protocols.triton.service import Extensions
 from gateway.protocols.v2_rest.codec import JSON_TYPE, load_json_object

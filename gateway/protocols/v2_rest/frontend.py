@@ -16,8 +16,7 @@ from gateway.core.limits import BYTES_ELEMENT_COST, TensorBudget
 from gateway.core.record import PASSTHROUGH_RENAMED, REQUEST_ID_HEADER
 from gateway.core.types import Handover, InferRequest, InferResponse, RequestContext
 from gateway.dataplane.routing import Route
-from gateway.extensions import BINARY_TENSOR_DATA
-from gateway.protocols.triton import shm
+from gateway.protocols.triton import BINARY_TENSOR_DATA, shm
 from gateway.protocols.triton.service import Extensions
 from gateway.protocols.v2_rest import codec, errors, extensions
 from gateway.protocols.v2_rest.generate import GenerateHandlers
