@@ -29,18 +29,10 @@ ALLOWED_UPWARD: dict[tuple[str, str], str] = {
         "the parser asks the registry for protocol names and each protocol's option parser",
     ("gateway.config.model", "gateway.protocols.triton"):
         "the parser checks `server.extensions` against the Triton extensions' names",
-    ("gateway.config.model", "gateway.protocols.triton.labels"):
-        "the parser reads classification label files through the Triton extension",
-    ("gateway.config.model", "gateway.runtime.auth"):
-        "the parser resolves token sources ({file}/{env}) with the runtime's credential code",
-    ("gateway.config.model", "gateway.runtime.tls"):
-        "the parser checks `tls:` blocks with the runtime's TLS code",
     ("gateway.config.schema", "gateway.protocols.registry"):
         "the JSON schema lists the registry's protocol names and their options",
     ("gateway.config.schema", "gateway.protocols.triton"):
         "the JSON schema lists the Triton extensions' names",
-    ("gateway.config.schema", "gateway.runtime.tls"):
-        "the JSON schema lists the TLS client-auth modes",
     ("gateway.transport.http_server.aiohttp_app", "gateway.protocols.base"):
         "the aiohttp app is typed against the Frontend contract",
     ("gateway.transport.http_server.frontend", "gateway.protocols.base"):

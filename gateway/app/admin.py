@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
+from gateway.config.auth import CredentialConfig
 from gateway.config.model import Address, AdminConfig, GatewayConfig
 from gateway.config.view import effective_config
 from gateway.core.errors import GatewayError
@@ -23,7 +24,7 @@ from gateway.core.types import RequestContext
 from gateway.dataplane.plane import DataPlane
 from gateway.observability.counters import Counters
 from gateway.observability.metrics import render_settled
-from gateway.runtime.auth import Authenticator, CredentialConfig
+from gateway.runtime.auth import Authenticator
 from gateway.runtime.services import GatewayServices
 from gateway.transport.http_server.body import accepted_coding
 

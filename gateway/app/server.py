@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry
 
 from gateway import __version__
 from gateway.app.admin import ADMIN_AUTH, start_admin
+from gateway.config.auth import CredentialConfig
 from gateway.config.model import GatewayConfig, ServerIdentity, load_config
 from gateway.config.node import ConfigError
 from gateway.dataplane.plane import DataPlane
@@ -30,7 +31,6 @@ from gateway.protocols import registry
 from gateway.protocols.base import DataPlaneApi, Frontend
 from gateway.protocols.registry import backend as protocol_backend
 from gateway.protocols.registry import framing_headers
-from gateway.runtime.auth import CredentialConfig
 from gateway.runtime.budget import InflightBudget
 from gateway.runtime.services import GatewayServices
 from gateway.runtime.tls import server_ssl_context

@@ -40,12 +40,12 @@ from typing import Any
 import numpy as np
 import orjson
 
+from gateway.config.auth import AUTHORIZATION
 from gateway.config.model import BatchingConfig
 from gateway.core.errors import ErrorKind, GatewayError, bounded
 from gateway.core.record import REQUEST_ID_HEADER, RequestRecord
 from gateway.core.types import InferRequest, InferResponse, RequestContext, Tensor
 from gateway.dataplane.routing import ALWAYS_FORWARDED
-from gateway.runtime.auth import AUTHORIZATION
 from gateway.runtime.budget import InflightBudget
 from gateway.runtime.offload import Offloader
 

@@ -16,12 +16,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from gateway.config.auth import AUTHORIZATION
 from gateway.config.node import Node
+from gateway.config.tls import CLIENT_AUTH_MODES
 from gateway.core.contracts import StreamedResponse
 from gateway.core.errors import unsupported
 from gateway.core.types import InferRequest, InferResponse, ModelMetadata, RequestContext
-from gateway.runtime.auth import AUTHORIZATION, credential_headers
-from gateway.runtime.tls import CLIENT_AUTH_MODES
+from gateway.runtime.auth import credential_headers
 
 if TYPE_CHECKING:
     from gateway.config.model import Address, GatewayConfig, ListenerConfig, UpstreamConfig

@@ -12,8 +12,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from gateway.config.classification import ClassificationConfig
 from gateway.core.types import DECOUPLED_PARAMETER, ModelMetadata, TensorSpec
-from gateway.protocols.triton.labels import ClassificationConfig
 
 # Marks a configuration the gateway wrote: parameters.synthesized.string_value.
 SYNTHESIZED_PARAMETER = "synthesized"
