@@ -27,12 +27,8 @@ LAYERS = ("core", "config", "observability", "runtime", "transport", "dataplane"
 ALLOWED_UPWARD: dict[tuple[str, str], str] = {
     ("gateway.config.model", "gateway.protocols.registry"):
         "the parser asks the registry for protocol names and each protocol's option parser",
-    ("gateway.config.model", "gateway.protocols.triton"):
-        "the parser checks `server.extensions` against the Triton extensions' names",
     ("gateway.config.schema", "gateway.protocols.registry"):
         "the JSON schema lists the registry's protocol names and their options",
-    ("gateway.config.schema", "gateway.protocols.triton"):
-        "the JSON schema lists the Triton extensions' names",
     ("gateway.transport.http_server.aiohttp_app", "gateway.protocols.base"):
         "the aiohttp app is typed against the Frontend contract",
     ("gateway.transport.http_server.frontend", "gateway.protocols.base"):

@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 
 from gateway.config.classification import ClassificationConfig
+from gateway.config.extensions import DEFAULT_EXTENSIONS
 from gateway.config.node import ConfigError
 from gateway.core.errors import ErrorKind, GatewayError
 from gateway.core.record import RequestRecord
 from gateway.core.tensors import float_to_bf16
 from gateway.core.types import InferRequest, ModelMetadata, RequestedOutput, Tensor, TensorSpec
 from gateway.observability.statistics import StatisticsStore, batch_size
-from gateway.protocols.triton import DEFAULT_EXTENSIONS
 from gateway.protocols.triton.classification import classify, requested, without_parameter
 from gateway.protocols.triton.modelconfig import SYNTHESIZED_PARAMETER, UNKNOWN_MAX_BATCH_SIZE, batches, synthesize
 from support import parse_yaml_config

@@ -17,11 +17,11 @@ from typing import Any
 
 from gateway.config.auth import CredentialConfig, SecretRef, parse_credential_config, parse_secret_ref
 from gateway.config.classification import ClassificationConfig, parse_classification
+from gateway.config.extensions import DEFAULT_EXTENSIONS, GATEWAY_EXTENSIONS
 from gateway.config.node import ConfigError, EnvText, Node, expand_env, is_single_env_ref, type_scalar
 from gateway.config.reader import load_yaml, read_config_text
 from gateway.config.tls import CLIENT_AUTH_MODES, ListenerTls, UpstreamTls, parse_listener_tls, parse_upstream_tls
 from gateway.core.modelnames import DOT_SEGMENTS
-from gateway.protocols.triton import DEFAULT_EXTENSIONS, GATEWAY_EXTENSIONS
 
 DEFAULT_MAX_REQUEST_BYTES = 64 << 20
 # Hardening limits (docs/security.md lists each with its reason).

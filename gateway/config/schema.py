@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from gateway.config import model as config
+from gateway.config.extensions import GATEWAY_EXTENSIONS
 from gateway.config.tls import CLIENT_AUTH_MODES
-from gateway.protocols.triton import GATEWAY_EXTENSIONS
 
 Json = dict[str, Any]
 

@@ -7,7 +7,8 @@ clients on its host, when turned on. Calls it cannot honour (CUDA shared
 memory, model loading, trace and log settings) are refused with a reason.
 See docs/triton-extensions.md.
 
-This module holds only names, so the configuration can import it cheaply.
+This module holds only names; the names `server.extensions` takes are the
+configuration's (gateway/config/extensions.py).
 """
 
 from __future__ import annotations
@@ -15,23 +16,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
-CLASSIFICATION = "classification"
-MODEL_CONFIGURATION = "model_configuration"
-MODEL_REPOSITORY = "model_repository"
-STATISTICS = "statistics"
-SYSTEM_SHARED_MEMORY = "system_shared_memory"
 BINARY_TENSOR_DATA = "binary_tensor_data"  # a REST wire feature, always on there
 # Set by the supervisor for its workers: the directory their shared-memory
 # registrations share (gateway/protocols/triton/shm.py).
 SHM_REGISTRY_ENV = "GATEWAY_SHM_REGISTRY"
-
-# What `server.extensions` may name.
-GATEWAY_EXTENSIONS = (CLASSIFICATION, MODEL_CONFIGURATION, MODEL_REPOSITORY, STATISTICS, SYSTEM_SHARED_MEMORY)
-# On unless the configuration names its own list. System shared memory is
-# not: a client that registers a region makes the gateway read and write
-# that shared-memory object of its host (Triton too asks for
-# --allow-client-shm).
-DEFAULT_EXTENSIONS = (CLASSIFICATION, MODEL_CONFIGURATION, MODEL_REPOSITORY, STATISTICS)
 
 # Why the gateway refuses the rest of Triton's API; every answer names the
 # extension, so a client's error says what is missing and why.

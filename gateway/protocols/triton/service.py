@@ -7,12 +7,13 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from gateway.config.extensions import CLASSIFICATION, GATEWAY_EXTENSIONS, SYSTEM_SHARED_MEMORY
 from gateway.core.cache import TtlCache
 from gateway.core.errors import ErrorKind, GatewayError, unsupported
 from gateway.core.types import MODEL_CONFIG_OPERATION, InferRequest, InferResponse, RequestContext, Tensor
 from gateway.observability.statistics import ModelStatistics
-from gateway.protocols.triton import CLASSIFICATION, GATEWAY_EXTENSIONS, SYSTEM_SHARED_MEMORY, shm, turned_off
 from gateway.protocols.triton import classification as classes
+from gateway.protocols.triton import shm, turned_off
 from gateway.protocols.triton.context import side_context
 from gateway.protocols.triton.labels import LabelCache
 from gateway.protocols.triton.modelconfig import max_batch_size, synthesize

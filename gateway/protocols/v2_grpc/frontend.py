@@ -22,6 +22,7 @@ from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from gateway.config.extensions import MODEL_CONFIGURATION, MODEL_REPOSITORY, STATISTICS
 from gateway.config.node import Node
 from gateway.core.errors import ErrorKind, GatewayError, malformed, unsupported
 from gateway.core.limits import BYTES_ELEMENT_COST, TensorBudget
@@ -40,7 +41,7 @@ from gateway.core.record import (
 )
 from gateway.core.types import InferRequest, InferResponse, RequestContext
 from gateway.protocols.base import Frontend
-from gateway.protocols.triton import MODEL_CONFIGURATION, MODEL_REPOSITORY, STATISTICS, shm
+from gateway.protocols.triton import shm
 from gateway.protocols.triton.service import Extensions
 from gateway.protocols.v2_grpc import codec, extensions, passthrough
 from gateway.protocols.v2_grpc import messages as pb

@@ -17,17 +17,11 @@ from typing import Any, Protocol
 import orjson
 from aiohttp import web
 
+from gateway.config.extensions import MODEL_CONFIGURATION, MODEL_REPOSITORY, STATISTICS, SYSTEM_SHARED_MEMORY
 from gateway.core.errors import malformed, unsupported
 from gateway.core.types import RequestContext
 from gateway.observability.statistics import Duration, ModelStatistics
-from gateway.protocols.triton import (
-    MODEL_CONFIGURATION,
-    MODEL_REPOSITORY,
-    REFUSALS,
-    STATISTICS,
-    SYSTEM_SHARED_MEMORY,
-    shm,
-)
+from gateway.protocols.triton import REFUSALS, shm
 from gateway.protocols.triton.repository import IndexEntry
 from gateway.protocols.triton.service import Extensions
 from gateway.protocols.v2_rest.codec import JSON_TYPE, load_json_object
