@@ -28,7 +28,8 @@ from gateway.config.model import (
 )
 from gateway.core.errors import ErrorKind, GatewayError, connect_failure, connection_reset, invalid
 from gateway.core.types import InferRequest, RequestContext, Tensor
-from gateway.dataplane.cluster.cluster import Cluster, decayed_ejections, ejection_time
+from gateway.dataplane.cluster.cluster import Cluster
+from gateway.dataplane.cluster.outlier import decayed_ejections, ejection_time
 from gateway.dataplane.plane import DataPlane
 from gateway.dataplane.retry import backoff_delay, budget_allows, failure_reason
 from gateway.observability.counters import Counters, Event

@@ -43,7 +43,8 @@ from gateway.core.types import (
 )
 from gateway.dataplane.affinity import SequencePins, SequenceStep, sequence_step
 from gateway.dataplane.batching import Batcher, Member, batch_context, compatibility, share_facts
-from gateway.dataplane.cluster.cluster import Backends, ClientFactory, Cluster, Endpoint
+from gateway.dataplane.cluster.cluster import Backends, ClientFactory, Cluster
+from gateway.dataplane.cluster.endpoint import Endpoint
 from gateway.dataplane.retry import PER_TRY_TIMEOUT, TIMEOUT, backoff_delay, error_chain, failure_reason
 from gateway.dataplane.routing import NO_FRAMING_HEADERS, FramingHeaders, Route, RouteTable, shadow_warnings
 from gateway.observability.counters import Counters, Event

@@ -36,8 +36,10 @@ from gateway.core.hashing import stable_hash
 from gateway.core.types import RequestContext
 from gateway.dataplane.affinity import SequencePins
 from gateway.dataplane.cluster.discovery import NameWatch, is_name
+from gateway.dataplane.cluster.endpoint import Endpoint
+from gateway.dataplane.cluster.outlier import decayed_ejections, ejection_time
 from gateway.dataplane.retry import ENDPOINT_FAILURES, budget_allows
-from gateway.observability.counters import Counters, EndpointCounters, Event
+from gateway.observability.counters import Counters, Event
 
 log = logging.getLogger(__name__)
 
@@ -58,49 +60,6 @@ Backends = Callable[[str], BackendClass]
 
 RING_POINTS_PER_ENDPOINT = 160  # enough for an even spread over a few endpoints
 IN_PROCESS = "in-process"
-
-
-def ejection_time(base: float, maximum: float, ejections: int) -> float:
-    """How long the ``ejections``-th ejection (1, 2, ...) lasts: growing linearly."""
-    return min(maximum, base * ejections)
-
-
-def decayed_ejections(ejections: int, healthy_for: float, base: float) -> int:
-    """The ejection multiplier forgets one ejection per ``base`` seconds healthy."""
-    return max(0, ejections - int(healthy_for // base))
-
-
-class Endpoint:
-    """One address of a cluster, with its client and its health."""
-
-    def __init__(self, client: Backend, address: str, counters: EndpointCounters,
-                 origin: NameWatch | None = None, resolved: str | None = None, created: float = 0.0) -> None:
-        self.client = client
-        self.address = address
-        self.counters = counters
-        self.origin = origin  # the name this endpoint was discovered from
-        self.resolved = resolved  # its IP address; None for the name itself (not resolved yet)
-        self.created = created
-        self.draining = False  # out of the cluster, closing once in_flight is 0
-        self.in_flight = 0
-        self.healthy = True  # the active health checks' verdict
-        self.consecutive_failures = 0
-        self.ejected_until: float | None = None
-        self.ejections = 0  # multiplier of the next ejection time
-        self.readmitted_at = 0.0
-        self._checks_passed = 0
-        self._checks_failed = 0
-
-    def take_health_of(self, old: Endpoint) -> None:
-        """Carry the verdicts over to a new client of the same address."""
-        self.healthy, self.consecutive_failures = old.healthy, old.consecutive_failures
-        self.ejected_until, self.ejections, self.readmitted_at = old.ejected_until, old.ejections, old.readmitted_at
-
-    def ejected(self, now: float) -> bool:
-        return self.ejected_until is not None and now < self.ejected_until
-
-    def available(self, now: float) -> bool:
-        return self.healthy and not self.ejected(now)
 
 
 class Lease:
