@@ -455,7 +455,7 @@ async def test_http_upstreams_have_no_total_timeout_of_their_own() -> None:
     from types import SimpleNamespace
 
     from gateway.protocols import registry
-    from gateway.transport.http_client.client import UpstreamHttp
+    from gateway.transport.http_client.pool import UpstreamHttp
     from gateway.transport.upstream import CONNECT_TIMEOUT
     from support import parse_yaml_config
 

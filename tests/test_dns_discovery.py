@@ -457,7 +457,7 @@ async def test_consistent_hash_spreads_over_discovered_addresses(monkeypatch: py
 
 def test_a_discovered_http_client_presents_the_name() -> None:
     from gateway.runtime.tls import HttpClientTls
-    from gateway.transport.http_client.client import UpstreamHttp
+    from gateway.transport.http_client.pool import UpstreamHttp
 
     pool = UpstreamHttp(Address("127.0.0.2", 8000, NAME), HttpClientTls(), "u", max_response=1 << 20)
     assert f"Host: {NAME}:8000\r\n" in pool._fixed_head

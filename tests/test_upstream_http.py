@@ -1,4 +1,4 @@
-"""The upstream HTTP transport (gateway/transport/http_client/client.py) over real sockets,
+"""The upstream HTTP transport (gateway/transport/http_client/pool.py) over real sockets,
 against raw HTTP servers in the test (every byte they write is chosen
 here), on asyncio's loop and on uvloop (the gateway's)."""
 
@@ -17,7 +17,7 @@ import uvloop
 from gateway.config.model import Address
 from gateway.core.errors import CONNECT_FAILURE, CONNECTION_RESET, ErrorKind, GatewayError, UpstreamFailure
 from gateway.runtime.tls import HttpClientTls
-from gateway.transport.http_client.client import UpstreamHttp
+from gateway.transport.http_client.pool import UpstreamHttp
 
 LIMIT = 1 << 20
 

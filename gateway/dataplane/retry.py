@@ -42,7 +42,7 @@ def error_chain(exc: BaseException) -> Iterator[BaseException]:
 
 def _transport_reason(exc: BaseException) -> str | None:
     """Connection-level errors a client let through or chained as a cause
-    (the HTTP transport, gateway/transport/http_client/client.py, names its failures itself)."""
+    (the HTTP transport, gateway/transport/http_client/pool.py, names its failures itself)."""
     if isinstance(exc, (ConnectionRefusedError, socket.gaierror)):
         return CONNECT_FAILURE
     if isinstance(exc, ConnectionError):

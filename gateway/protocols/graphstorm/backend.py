@@ -27,7 +27,7 @@ from gateway.core.types import InferRequest, InferResponse, ModelMetadata, RawPa
 from gateway.protocols.base import UpstreamClient
 from gateway.protocols.graphstorm import codec, errors
 from gateway.runtime.tls import http_client_tls
-from gateway.transport.http_client.client import UpstreamHttp
+from gateway.transport.http_client.pool import UpstreamHttp
 
 PROTOCOL = "graphstorm"
 PLATFORM = "graphstorm_realtime"

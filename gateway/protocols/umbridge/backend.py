@@ -42,7 +42,7 @@ from gateway.protocols.umbridge import codec, passthrough
 from gateway.protocols.umbridge.mapping import umbridge_metadata
 from gateway.protocols.umbridge.options import UpstreamOptions, parse_upstream_options
 from gateway.runtime.tls import http_client_tls
-from gateway.transport.http_client.client import UpstreamHttp
+from gateway.transport.http_client.pool import UpstreamHttp
 
 PLATFORM = "umbridge"
 _INPUT_NAME = re.compile(r"^input_(0|[1-9][0-9]{0,5})$")

@@ -44,7 +44,8 @@ from gateway.protocols.v1_rest import EXPLAIN_OPERATION
 from gateway.protocols.v1_rest import upstream_codec as codec
 from gateway.protocols.v1_rest.upstream_options import V1UpstreamOptions, parse_upstream_options
 from gateway.runtime.tls import http_client_tls
-from gateway.transport.http_client.client import HttpReply, UpstreamHttp
+from gateway.transport.http_client.pool import UpstreamHttp
+from gateway.transport.http_client.reply import UpstreamReply
 from gateway.transport.upstream import reading_reply, response_limit
 
 PROTOCOL = "v1-rest"
@@ -90,13 +91,13 @@ class V1RestClient(UpstreamClient):
     # --- transport ---------------------------------------------------------------
 
     async def _send(self, method: str, path: str, body: bytes | bytearray | None = None,
-                    ctx: RequestContext | None = None) -> HttpReply:
+                    ctx: RequestContext | None = None) -> UpstreamReply:
         if self.http is None:
             raise GatewayError(ErrorKind.INTERNAL, f"upstream {self.label} is not started")
         headers = {"Content-Type": codec.JSON_TYPE} if body is not None else {}
         return await self.http.request(method, path, {**headers, **self.request_headers(ctx)}, body)
 
-    def _error(self, reply: HttpReply) -> GatewayError:
+    def _error(self, reply: UpstreamReply) -> GatewayError:
         return codec.decode_error(reply.status, reply.body, self.label)
 
     @staticmethod

@@ -54,7 +54,8 @@ from gateway.protocols.base import UpstreamClient
 from gateway.protocols.v2_rest import codec
 from gateway.protocols.v2_rest.flat import METADATA_TTL, encode_flat_request, flat_answer_items
 from gateway.runtime.tls import http_client_tls
-from gateway.transport.http_client.client import HttpReply, UpstreamHttp
+from gateway.transport.http_client.pool import UpstreamHttp
+from gateway.transport.http_client.reply import UpstreamReply as HttpReply  # renamed; the name here after the merge
 from gateway.transport.http_server.sse import SseError, SseEvent, SseParser
 from gateway.transport.upstream import (
     HOLD_LAST,
