@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -48,12 +47,11 @@ from gateway.protocols.umbridge.options import (
 )
 from gateway.runtime.budget import admit_json
 from gateway.transport.http_server.aiohttp_app import error_middleware
-from gateway.transport.http_server.exchange import HttpReply, HttpRequest, json_reply
+from gateway.transport.http_server.exchange import Handler, HttpReply, HttpRequest, json_reply
 from gateway.transport.http_server.frontend import HttpFrontend
 
 log = logging.getLogger(__name__)
 PROTOCOL = codec.PROTOCOL
-Handler = Callable[[HttpRequest], Awaitable[HttpReply]]
 
 # Failures that say nothing about whether a model exists: such models stay
 # listed in /Info (last), the others are left out.

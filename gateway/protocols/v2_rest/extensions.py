@@ -26,7 +26,7 @@ from gateway.protocols.triton.repository import IndexEntry
 from gateway.protocols.triton.service import Extensions
 from gateway.protocols.v2_rest.codec import JSON_TYPE, load_json_object
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+AiohttpHandler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 class Listener(Protocol):
@@ -125,7 +125,7 @@ def add_routes(router: web.UrlDispatcher, frontend: Listener) -> None:
         router.add_route("*", path, handlers.unknown_shm_request)
 
 
-def refusal(reason: str) -> Handler:
+def refusal(reason: str) -> AiohttpHandler:
     async def unsupported_extension(request: web.Request) -> web.StreamResponse:
         raise unsupported(reason)
 
