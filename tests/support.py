@@ -141,7 +141,7 @@ routes:
 def parse_yaml_config(text: str) -> Any:
     import yaml
 
-    from gateway.config.model import parse_config
+    from gateway.app.configure import parse_config
 
     return parse_config(yaml.safe_load(text), "<test>")
 

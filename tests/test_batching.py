@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 import yaml
 
-from gateway.config.model import BatchingConfig, parse_config
+from gateway.app.configure import parse_config
+from gateway.config.model import BatchingConfig
 from gateway.core.errors import ErrorKind, GatewayError
 from gateway.core.types import InferRequest, InferResponse, RawPayload, RequestContext, RequestedOutput, Tensor
 from gateway.dataplane.batching import Batcher, Member, batch_key, concatenate, split
@@ -315,9 +316,9 @@ def test_batching_needs_an_upstream_with_a_batch_dimension() -> None:
 def test_the_schema_knows_batching() -> None:
     import jsonschema
 
-    from gateway.config import schema
+    from gateway.app import configure
 
-    validator = jsonschema.Draft202012Validator(schema.build_schema())
+    validator = jsonschema.Draft202012Validator(configure.build_schema())
     data = yaml.safe_load(BUILTIN)
     data["routes"][0]["batching"].update(preferred_batch_sizes=[4, 8], max_queue=64)
     assert list(validator.iter_errors(data)) == []

@@ -14,7 +14,8 @@ import pytest
 import yaml
 
 from gateway.app.check import finding, yaml_line
-from gateway.config.model import Address, addresses_overlap, parse_config
+from gateway.app.configure import parse_config
+from gateway.config.model import Address, addresses_overlap
 from gateway.config.node import ConfigError
 from support import REPO, write_config
 

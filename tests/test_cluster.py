@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import yaml
 
+from gateway.app.configure import parse_config
 from gateway.config.model import (
     Address,
     CircuitBreaker,
@@ -24,7 +25,6 @@ from gateway.config.model import (
     OutlierDetection,
     RetryPolicy,
     UpstreamConfig,
-    parse_config,
 )
 from gateway.core.errors import ErrorKind, GatewayError, connect_failure, connection_reset, invalid
 from gateway.core.types import InferRequest, RequestContext, Tensor

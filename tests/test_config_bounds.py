@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from gateway.config.model import load_config
+from gateway.app.configure import load_config
 from gateway.config.node import ConfigError
 from gateway.config.reader import MAX_BYTES, MAX_DEPTH, MAX_NODES
 from peers.echo_gateway import admin_call

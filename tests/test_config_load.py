@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.config.model import GatewayConfig, load_config
+from gateway.app.configure import load_config
+from gateway.config.model import GatewayConfig
 from gateway.config.node import ConfigError
 from support import REPO
 

@@ -25,7 +25,8 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
-from gateway.config.model import GatewayConfig, parse_config
+from gateway.app.configure import parse_config
+from gateway.config.model import GatewayConfig
 from gateway.config.node import ConfigError
 from gateway.config.reader import load_yaml
 from gateway.observability.metrics import GatewayMetrics

@@ -12,7 +12,7 @@ import orjson
 import pytest
 from graphstorm_payloads import DATA, MOVIELENS_SCHEMA, changed, large_movielens, load, movielens, uid
 
-from gateway.config.model import load_config, parse_config
+from gateway.app.configure import load_config, parse_config
 from gateway.config.node import ConfigError
 from gateway.core.errors import ErrorKind, GatewayError
 from gateway.core.graphtensors import (

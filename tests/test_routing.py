@@ -11,7 +11,8 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.config.model import RouteConfig, RouteMatch, StringMatch, parse_config
+from gateway.app.configure import parse_config
+from gateway.config.model import RouteConfig, RouteMatch, StringMatch
 from gateway.config.node import ConfigError
 from gateway.dataplane.routing import (
     RouteTable,

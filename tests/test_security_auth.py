@@ -20,8 +20,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from security_support import BUILTIN_BACKEND, write_token
 
+from gateway.app.configure import parse_config
 from gateway.config.auth import CredentialConfig, SecretRef
-from gateway.config.model import parse_config
 from gateway.config.node import ConfigError
 from gateway.protocols.v2_grpc import messages as pb
 from gateway.runtime.auth import Authenticator

@@ -24,8 +24,8 @@ from security_support import BUILTIN_BACKEND
 from yarl import URL
 
 from gateway.app.admin import build_admin_app, is_loopback
+from gateway.app.configure import load_config
 from gateway.app.server import Gateway
-from gateway.config.model import load_config
 from gateway.core.errors import GatewayError
 from gateway.core.modelnames import MAX_MODEL_NAME_CHARS, check_model
 from gateway.protocols.v2_grpc import messages as pb

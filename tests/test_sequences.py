@@ -15,7 +15,7 @@ import tritonclient.http as httpclient
 import yaml
 from tritonclient.utils import InferenceServerException
 
-from gateway.config.model import parse_config
+from gateway.app.configure import parse_config
 from gateway.config.node import ConfigError
 from gateway.core.errors import ErrorKind, GatewayError, Saturated
 from gateway.core.types import InferRequest, RequestContext, Tensor

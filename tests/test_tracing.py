@@ -19,7 +19,7 @@ import pytest
 import requests
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from gateway.config.model import parse_config
+from gateway.app.configure import parse_config
 from gateway.config.node import ConfigError
 from support import BUILTIN_REST_CONFIG, SIMPLE_INFER_REQUEST, GatewayProcess, wait_for, write_config
 

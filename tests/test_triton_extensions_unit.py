@@ -191,7 +191,7 @@ def test_server_extensions_default_to_all_and_reject_unknown_names() -> None:
 
 
 def test_label_files_are_checked_when_the_config_loads(tmp_path: Path) -> None:
-    from gateway.config.model import load_config
+    from gateway.app.configure import load_config
 
     (tmp_path / "labels.txt").write_text("cat\ndog\n")
     path = tmp_path / "gateway.yaml"

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from trig_reference import POINTS, TRIG_SLICES, hessian_action, trig_jacobians, trig_second
 
-from gateway.config.model import parse_config
+from gateway.app.configure import parse_config
 from gateway.config.node import ConfigError
 from gateway.core.errors import ErrorKind, GatewayError
 from gateway.core.types import (

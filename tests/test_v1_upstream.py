@@ -24,7 +24,8 @@ import umbridge
 from aiohttp import web
 from tritonclient.utils import InferenceServerException
 
-from gateway.config.model import parse_address, parse_config
+from gateway.app.configure import parse_config
+from gateway.config.model import parse_address
 from gateway.config.node import ConfigError, Node
 from gateway.core.errors import ErrorKind, GatewayError
 from gateway.core.types import ExtensionRequest, InferRequest, RawPayload, RequestContext, Tensor, TensorSpec

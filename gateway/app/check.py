@@ -12,7 +12,8 @@ from typing import Any
 
 import yaml
 
-from gateway.config.model import DEFAULT_CONFIG_RESOURCE, GatewayConfig, load_config, starvation_warnings
+from gateway.app.configure import load_config
+from gateway.config.model import DEFAULT_CONFIG_RESOURCE, GatewayConfig, starvation_warnings
 from gateway.config.node import ConfigError
 from gateway.config.reader import compose_yaml, read_config_text
 from gateway.dataplane.routing import shadow_warnings

@@ -14,7 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gateway import __version__
-from gateway.config.model import GatewayConfig, load_config
+from gateway.app.configure import load_config
+from gateway.config.model import GatewayConfig
 from gateway.config.node import ConfigError
 from gateway.observability.logwriter import StderrHandler, install_stderr_logging
 from gateway.runtime import fdlimit
@@ -127,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     # drops (and counts) records instead of blocking the event loop.
     install_stderr_logging(args.log_level.upper(), LOG_FORMAT)
     if args.command == "schema":
-        from gateway.config.schema import build_schema
+        from gateway.app.configure import build_schema
 
         print(json.dumps(build_schema(), indent=2))
         return 0

@@ -17,8 +17,9 @@ from prometheus_client import CollectorRegistry
 
 from gateway import __version__
 from gateway.app.admin import ADMIN_AUTH, start_admin
+from gateway.app.configure import load_config
 from gateway.config.auth import CredentialConfig
-from gateway.config.model import GatewayConfig, ServerIdentity, load_config
+from gateway.config.model import GatewayConfig, ServerIdentity
 from gateway.config.node import ConfigError
 from gateway.dataplane.plane import DataPlane
 from gateway.observability.accesslog import AccessLog

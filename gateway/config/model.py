@@ -13,7 +13,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from gateway.config.auth import CredentialConfig, SecretRef, parse_credential_config, parse_secret_ref
 from gateway.config.classification import ClassificationConfig, parse_classification
@@ -552,9 +552,20 @@ def _rewrite(node: Node) -> Rewrite:
     return rewrite
 
 
-def _protocol_options(node: Node, protocol: str | None, side: str) -> Any:
-    from gateway.protocols import registry
+class ProtocolCatalog(Protocol):
+    """What the config asks of the protocols: their names on a side
+    ("frontend" or "backend") and each one's class there, for its option
+    parsers (``parse_options``, ``parse_route_options``), its listener TLS
+    modes (``TLS_CLIENT_AUTH_MODES``) and whether it needs endpoints
+    (``needs_endpoints``). The app hands in gateway.protocols.registry, so
+    the config imports no protocol."""
 
+    def names(self, side: str) -> list[str]: ...
+
+    def load(self, protocol: str, side: str) -> Any: ...
+
+
+def _protocol_options(node: Node, protocol: str | None, side: str, registry: ProtocolCatalog) -> Any:
     if protocol is None:
         return None
     try:
@@ -566,21 +577,17 @@ def _protocol_options(node: Node, protocol: str | None, side: str) -> Any:
     return component.parse_options(node)
 
 
-def _client_auth_modes(protocol: str | None) -> tuple[str, ...]:
+def _client_auth_modes(protocol: str | None, registry: ProtocolCatalog) -> tuple[str, ...]:
     """The TLS client_auth modes a frontend's server library offers."""
-    from gateway.protocols import registry
-
     try:
         return registry.load(protocol or "", "frontend").TLS_CLIENT_AUTH_MODES  # type: ignore[no-any-return]
     except KeyError:
         return CLIENT_AUTH_MODES
 
 
-def _route_options(node: Node, base_dir: Path) -> dict[str, Any]:
+def _route_options(node: Node, base_dir: Path, registry: ProtocolCatalog) -> dict[str, Any]:
     """A route's ``options``: keys naming a frontend protocol are parsed by
     that frontend (``parse_route_options``), other keys are kept as given."""
-    from gateway.protocols import registry
-
     options: dict[str, Any] = {}
     frontends = set(registry.names("frontend"))
     for key, child in node.entries():
@@ -781,9 +788,7 @@ def _dns(node: Node) -> DnsDiscovery:
     return dns
 
 
-def _endpoints(item: Node, protocol: str | None) -> tuple[Address, ...]:
-    from gateway.protocols import registry
-
+def _endpoints(item: Node, protocol: str | None, registry: ProtocolCatalog) -> tuple[Address, ...]:
     node = item.child("endpoints", [])
     endpoints = tuple(a for a in map(parse_address, node.items()) if a)
     for i, address in enumerate(endpoints):
@@ -798,11 +803,11 @@ def _endpoints(item: Node, protocol: str | None) -> tuple[Address, ...]:
     return endpoints
 
 
-def _upstream(item: Node, base_dir: Path) -> UpstreamConfig | None:
+def _upstream(item: Node, base_dir: Path, registry: ProtocolCatalog) -> UpstreamConfig | None:
     name, protocol = item.string("name"), item.string("protocol")
-    endpoints = _endpoints(item, protocol)
+    endpoints = _endpoints(item, protocol, registry)
     timeout = _positive_duration(item, "timeout", None)
-    options = _protocol_options(item, protocol, "backend")
+    options = _protocol_options(item, protocol, "backend", registry)
     upstream = UpstreamConfig(
         name, protocol, endpoints, timeout, options,
         load_balancing=_load_balancing(item.child("load_balancing", None)),
@@ -944,7 +949,8 @@ def _check_batching(item: Node, route: RouteConfig, upstreams: Mapping[str, Upst
                        f"protocol {', '.join(BATCHING_PROTOCOLS)}", "batching")
 
 
-def _route(item: Node, listener_names: set[str], upstream_names: set[str], base_dir: Path) -> RouteConfig | None:
+def _route(item: Node, listener_names: set[str], upstream_names: set[str], base_dir: Path,
+           registry: ProtocolCatalog) -> RouteConfig | None:
     match = _route_match(item.child("match", {}), listener_names)
     name = item.string("name", "")
     if item.has("upstream") == item.has("split"):
@@ -956,7 +962,7 @@ def _route(item: Node, listener_names: set[str], upstream_names: set[str], base_
         item.error("only applies to routes with a split", "sticky_header")
     rewrite = _rewrite(item.child("rewrite", None))
     timeout = _positive_duration(item, "timeout", None)
-    options = _route_options(item.child("options", {}), base_dir)
+    options = _route_options(item.child("options", {}), base_dir, registry)
     retry = _retry(item.child("retry", None))
     mirror = _mirrors(item.child("mirror", None), upstream_names)
     forward_headers = _header_names(item.child("forward_headers", None))
@@ -1048,7 +1054,8 @@ def _limits(node: Node) -> Limits:
     return limits
 
 
-def parse_config(data: Any, source: str = "<string>", base_dir: Path | None = None) -> GatewayConfig:
+def parse_config(data: Any, source: str = "<string>", base_dir: Path | None = None, *,
+                 protocols: ProtocolCatalog) -> GatewayConfig:
     """``base_dir``: where relative file paths in the config are resolved
     (the config file's folder; the current directory when None)."""
     base_dir = base_dir if base_dir is not None else Path.cwd()
@@ -1080,8 +1087,8 @@ def parse_config(data: Any, source: str = "<string>", base_dir: Path | None = No
     for index, item in enumerate(listeners_node.items()):
         name, protocol = item.string("name"), item.string("protocol")
         address = parse_address(item.child("address"))
-        options = _protocol_options(item, protocol, "frontend")
-        tls = parse_listener_tls(item.child("tls", None), base_dir, _client_auth_modes(protocol))
+        options = _protocol_options(item, protocol, "frontend", protocols)
+        tls = parse_listener_tls(item.child("tls", None), base_dir, _client_auth_modes(protocol, protocols))
         auth = parse_credential_config(item.child("auth", None), base_dir)
         fast_path = item.flag("fast_path", True)
         item.check_no_unknown_keys()
@@ -1095,7 +1102,7 @@ def parse_config(data: Any, source: str = "<string>", base_dir: Path | None = No
     upstreams: list[UpstreamConfig] = []
     upstreams_node = root.child("upstreams")
     for item in upstreams_node.items():
-        upstream = _upstream(item, base_dir)
+        upstream = _upstream(item, base_dir, protocols)
         if upstream is not None:
             upstreams.append(upstream)
     _unique(upstreams_node, _names_of(upstreams_node), "upstream")
@@ -1105,7 +1112,7 @@ def parse_config(data: Any, source: str = "<string>", base_dir: Path | None = No
     routes: list[RouteConfig] = []
     routes_node = root.child("routes")
     for item in routes_node.items():
-        route = _route(item, listener_names, upstream_names, base_dir)
+        route = _route(item, listener_names, upstream_names, base_dir, protocols)
         if route is not None:
             if route.batching is not None:
                 _check_batching(item, route, {x.name: x for x in upstreams})
@@ -1126,7 +1133,7 @@ def parse_config(data: Any, source: str = "<string>", base_dir: Path | None = No
                          drain, readiness, reload, observability, classification)
 
 
-def load_config(path: str | Path | None = None) -> GatewayConfig:
+def load_config(path: str | Path | None = None, *, protocols: ProtocolCatalog) -> GatewayConfig:
     """Load a YAML file, or the embedded default when ``path`` is None."""
     if path is None:
         package = importlib.resources.files("gateway.config")
@@ -1137,4 +1144,4 @@ def load_config(path: str | Path | None = None) -> GatewayConfig:
         text = read_config_text(path)
         source = str(path)
         base_dir = Path(path).resolve().parent
-    return parse_config(load_yaml(text), source, base_dir)
+    return parse_config(load_yaml(text), source, base_dir, protocols=protocols)

@@ -117,10 +117,9 @@ _SIMPLE = {str: {"type": "string"}, Path: {"type": "string"}, bool: {"type": "bo
 _VALUE_TYPES = {config.Address: "Address", config.StringMatch: "StringMatch"}
 
 
-def build_schema() -> Json:
-    """The schema of a whole config file (GatewayConfig at the root)."""
-    from gateway.protocols import registry
-
+def build_schema(registry: config.ProtocolCatalog) -> Json:
+    """The schema of a whole config file (GatewayConfig at the root); the
+    protocol names are ``registry``'s (the app hands in gateway.protocols.registry)."""
     defs: Json = dict(DEFS)
     protocols = {("ListenerConfig", "protocol"): tuple(registry.names("frontend")),
                  ("UpstreamConfig", "protocol"): tuple(registry.names("backend"))}
