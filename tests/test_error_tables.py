@@ -22,12 +22,12 @@ from gateway.core.errors import GATEWAY_ONLY_KINDS, ErrorKind, ErrorTable, Gatew
 from gateway.protocols import registry
 from gateway.protocols.base import Frontend, UpstreamClient
 from gateway.protocols.graphstorm import codec as graphstorm
+from gateway.protocols.http_frontend import HttpFrontend
 from gateway.protocols.umbridge import codec as umbridge
 from gateway.protocols.v1_rest import codec as v1_rest
 from gateway.protocols.v1_rest import upstream_codec as v1_rest_upstream
 from gateway.protocols.v2_grpc import codec as v2_grpc
 from gateway.protocols.v2_rest import codec as v2_rest
-from gateway.transport.http_server.frontend import HttpFrontend
 from support import REPO
 
 PROTOCOLS = registry.names("errors")

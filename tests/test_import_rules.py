@@ -13,23 +13,16 @@ from support import REPO
 
 GATEWAY = REPO / "gateway"
 # What protocols share, and how the rest of the gateway reaches them.
-NEUTRAL = frozenset({"gateway.protocols", "gateway.protocols.base",
+NEUTRAL = frozenset({"gateway.protocols", "gateway.protocols.base", "gateway.protocols.http_frontend",
                      "gateway.protocols.registry", "gateway.protocols.triton"})
 
 # The layers, lowest first: gateway.<layer>.*; a module may import its own
 # layer and those below it. The package itself (its version) is core, and
 # ``python -m gateway`` (gateway/__main__.py) is the app.
 LAYERS = ("core", "config", "observability", "runtime", "transport", "dataplane", "protocols", "app")
-
-# Upward imports still there, each a knot to untie (issue 26): importer ->
-# imported module, and why it is still there. The list only shrinks: a
-# test fails on an entry that no longer happens.
-ALLOWED_UPWARD: dict[tuple[str, str], str] = {
-    ("gateway.transport.http_server.aiohttp_app", "gateway.protocols.base"):
-        "the aiohttp app is typed against the Frontend contract",
-    ("gateway.transport.http_server.frontend", "gateway.protocols.base"):
-        "HttpFrontend subclasses the Frontend contract",
-}
+# Beside the order: the data plane speaks canonical types only, so it imports
+# no transport though it sits above it (the app hands it what it needs).
+APART = frozenset({("dataplane", "transport")})
 
 
 def _module_name(path: Path) -> str:
@@ -118,15 +111,14 @@ def test_every_module_is_in_a_layer() -> None:
 
 
 def test_imports_only_go_down_the_layers() -> None:
-    found = _upward(_graph(_modules()))
-    new = sorted(found - ALLOWED_UPWARD.keys())
-    assert not new, "upward imports: " + "; ".join(f"{a} imports {b}" for a, b in new)
+    found = sorted(_upward(_graph(_modules())))
+    assert not found, "upward imports: " + "; ".join(f"{a} imports {b}" for a, b in found)
 
 
-def test_the_allowed_upward_imports_still_happen() -> None:
-    """An untied knot leaves the allow-list too, so the list only shrinks."""
-    stale = sorted(ALLOWED_UPWARD.keys() - _upward(_graph(_modules())))
-    assert not stale, "no longer imported, drop from ALLOWED_UPWARD: " + "; ".join(f"{a} -> {b}" for a, b in stale)
+def test_the_data_plane_imports_no_transport() -> None:
+    found = sorted((module, imported) for module, targets in _graph(_modules()).items() for imported in targets
+                   if (module.split(".")[1:2] + imported.split(".")[1:2]) in [list(pair) for pair in APART])
+    assert not found, "; ".join(f"{a} imports {b}" for a, b in found)
 
 
 def test_the_layer_rule_finds_a_planted_upward_import(tmp_path: Path) -> None:

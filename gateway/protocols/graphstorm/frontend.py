@@ -31,10 +31,10 @@ from gateway.dataplane.routing import Route
 from gateway.protocols.graphstorm import codec, errors
 from gateway.protocols.graphstorm.errors import GraphStormError
 from gateway.protocols.graphstorm.schema import GraphSchema, load_schema
+from gateway.protocols.http_frontend import HttpFrontend
 from gateway.runtime.budget import admit_json
 from gateway.transport.http_server.aiohttp_app import note_error
 from gateway.transport.http_server.exchange import Handler, HttpReply, HttpRequest, json_reply
-from gateway.transport.http_server.frontend import HttpFrontend
 
 log = logging.getLogger(__name__)
 PROTOCOL = "graphstorm"

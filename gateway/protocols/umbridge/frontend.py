@@ -36,6 +36,7 @@ from gateway.core.types import (
     RawPayload,
     RequestContext,
 )
+from gateway.protocols.http_frontend import HttpFrontend
 from gateway.protocols.umbridge import codec, errors, passthrough
 from gateway.protocols.umbridge.bridge import Bridge
 from gateway.protocols.umbridge.mapping import ModelView, build_view
@@ -48,7 +49,6 @@ from gateway.protocols.umbridge.options import (
 from gateway.runtime.budget import admit_json
 from gateway.transport.http_server.aiohttp_app import error_middleware
 from gateway.transport.http_server.exchange import Handler, HttpReply, HttpRequest, json_reply
-from gateway.transport.http_server.frontend import HttpFrontend
 
 log = logging.getLogger(__name__)
 PROTOCOL = codec.PROTOCOL

@@ -20,12 +20,12 @@ from gateway.core.limits import TensorBudget
 from gateway.core.record import REQUEST_ID_HEADER, Translating
 from gateway.core.types import InferRequest, RawPayload, RequestContext, TensorSpec
 from gateway.dataplane.routing import Route
+from gateway.protocols.http_frontend import HttpFrontend
 from gateway.protocols.v1_rest import EXPLAIN_OPERATION, codec, errors
 from gateway.runtime.budget import admit_json
 from gateway.transport.http_server.aiohttp_app import error_middleware
 from gateway.transport.http_server.body import accepted_coding
 from gateway.transport.http_server.exchange import Handler, HttpReply, HttpRequest, compress, json_reply
-from gateway.transport.http_server.frontend import HttpFrontend
 
 PROTOCOL = codec.PROTOCOL
 DEFAULT_METADATA_TTL = 10.0

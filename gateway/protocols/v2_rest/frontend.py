@@ -16,6 +16,7 @@ from gateway.core.limits import BYTES_ELEMENT_COST, TensorBudget
 from gateway.core.record import PASSTHROUGH_RENAMED, REQUEST_ID_HEADER
 from gateway.core.types import Handover, InferRequest, InferResponse, RequestContext
 from gateway.dataplane.routing import Route
+from gateway.protocols.http_frontend import AiohttpRequest, HttpFrontend
 from gateway.protocols.triton import BINARY_TENSOR_DATA, shm
 from gateway.protocols.triton.service import Extensions
 from gateway.protocols.v2_rest import codec, errors, extensions
@@ -24,7 +25,6 @@ from gateway.runtime.budget import admit_json
 from gateway.transport.http_server.aiohttp_app import error_middleware, request_context
 from gateway.transport.http_server.body import accepted_coding
 from gateway.transport.http_server.exchange import Handler, HttpReply, HttpRequest, compress
-from gateway.transport.http_server.frontend import AiohttpRequest, HttpFrontend
 from gateway.transport.upstream import reading_reply
 
 PROTOCOL = codec.PROTOCOL

@@ -1,6 +1,6 @@
-"""The server side of HTTP, one module per concern:
+"""The server side of HTTP, one module per concern (the base of every HTTP
+protocol's listener, HttpFrontend, is gateway/protocols/http_frontend.py):
 
-- frontend.py: HttpFrontend, the base of every HTTP protocol's listener;
 - exchange.py: the request and reply every hot handler is written against;
 - fast.py: the fast HTTP/1.1 path (httptools), first on every connection;
 - aiohttp_app.py: the aiohttp application behind it on the same port;

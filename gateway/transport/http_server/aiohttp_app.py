@@ -13,7 +13,7 @@ import logging
 import ssl
 from collections.abc import Awaitable, Callable, Mapping
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from aiohttp import hdrs, web
 from aiohttp.abc import AbstractAccessLogger
@@ -39,7 +39,6 @@ from gateway.core.record import (
     finish_request,
 )
 from gateway.core.types import RequestContext
-from gateway.protocols.base import Frontend
 from gateway.runtime.auth import Authenticator
 from gateway.runtime.budget import Reservation
 from gateway.runtime.offload import Offloader
@@ -54,6 +53,10 @@ from gateway.transport.http_server.exchange import (
 )
 from gateway.transport.http_server.fast import FastConnection, FastListener
 from gateway.transport.http_server.guard import ListenerGuard
+
+if TYPE_CHECKING:
+    from gateway.config.model import ListenerConfig
+    from gateway.runtime.services import GatewayServices
 
 log = logging.getLogger(__name__)
 
@@ -179,7 +182,17 @@ def _operation(request: web.Request) -> str:
     return getattr(match_info.handler, "__name__", "other")
 
 
-def observing_middleware(frontend: Frontend) -> Callable[..., Awaitable[web.StreamResponse]]:
+class ObservedListener(Protocol):
+    """What the observing middleware needs of its listener (an HttpFrontend)."""
+
+    @property
+    def listener(self) -> ListenerConfig: ...
+
+    @property
+    def services(self) -> GatewayServices: ...
+
+
+def observing_middleware(frontend: ObservedListener) -> Callable[..., Awaitable[web.StreamResponse]]:
     """Outermost middleware: request context, in-flight gauge, ids echoed on
     every answer. The access-log hook below records the request once sent."""
     listener, protocol = frontend.listener.name, frontend.listener.protocol
