@@ -1,4 +1,4 @@
-"""The fast JSON reader (gateway/tensors.py, read_json_fast) against orjson:
+"""The fast JSON reader (gateway/core/tensors.py, read_json_fast) against orjson:
 for any body, decoding with it gives the same tensors, bit for bit, or the
 same error as decoding with orjson alone. The size threshold is lowered
 so that small generated bodies take the fast path."""
@@ -17,11 +17,11 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from test_codec_properties import Pairs, bodies, hostile_v2_json
 
-from gateway import tensors
-from gateway.config import Limits
-from gateway.errors import ErrorKind, GatewayError
+from gateway.config.model import Limits
+from gateway.core import tensors
+from gateway.core.errors import ErrorKind, GatewayError
+from gateway.core.types import DATATYPES
 from gateway.protocols.v2_rest import codec
-from gateway.types import DATATYPES
 
 LIMITS = Limits()
 MAX = LIMITS.max_tensor_elements

@@ -35,24 +35,12 @@ from urllib.parse import quote
 
 import orjson
 
-from gateway.cache import TtlCache
-from gateway.confignode import Node
-from gateway.errors import ErrorKind, GatewayError, malformed, unsupported
-from gateway.http.sse import SseError, SseEvent, SseParser
-from gateway.observe import PASSTHROUGH_REQUEST_ONLY, PASSTHROUGH_TRANSLATED, PASSTHROUGH_VERBATIM
-from gateway.protocols.base import StreamedResponse, UpstreamClient
-from gateway.protocols.upstream import (
-    HOLD_LAST,
-    parse_response_limit,
-    parse_stream_relay,
-    reading_reply,
-    response_limit,
-    without_addresses,
-)
-from gateway.protocols.v2_rest import codec
-from gateway.protocols.v2_rest.flat import METADATA_TTL, encode_flat_request, flat_answer_items
-from gateway.tls import http_client_tls
-from gateway.types import (
+from gateway.config.node import Node
+from gateway.core.cache import TtlCache
+from gateway.core.contracts import StreamedResponse
+from gateway.core.errors import ErrorKind, GatewayError, malformed, unsupported
+from gateway.core.record import PASSTHROUGH_REQUEST_ONLY, PASSTHROUGH_TRANSLATED, PASSTHROUGH_VERBATIM
+from gateway.core.types import (
     MODEL_CONFIG_OPERATION,
     ExtensionRequest,
     InferRequest,
@@ -62,7 +50,21 @@ from gateway.types import (
     RequestContext,
     TensorSpec,
 )
-from gateway.upstream_http import HttpReply, UpstreamHttp
+from gateway.protocols.base import UpstreamClient
+from gateway.protocols.v2_rest import codec
+from gateway.protocols.v2_rest.flat import METADATA_TTL, encode_flat_request, flat_answer_items
+from gateway.runtime.tls import http_client_tls
+from gateway.transport.http_client.pool import UpstreamHttp
+from gateway.transport.http_client.reply import UpstreamReply as HttpReply  # renamed; the name here after the merge
+from gateway.transport.http_server.sse import SseError, SseEvent, SseParser
+from gateway.transport.upstream import (
+    HOLD_LAST,
+    parse_response_limit,
+    parse_stream_relay,
+    reading_reply,
+    response_limit,
+    without_addresses,
+)
 
 log = logging.getLogger(__name__)
 BINARY_EXTENSION = "binary_tensor_data"

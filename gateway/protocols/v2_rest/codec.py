@@ -19,13 +19,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import orjson
 
-from gateway import tensors
-from gateway.errors import ErrorKind, GatewayError, invalid, malformed
-from gateway.extensions import shm
-from gateway.jsontext import UnportableJson, python_loads
-from gateway.limits import TensorBudget, check_json_depth, count_bytes
-from gateway.protocols.v2_rest.errors import STATUS_OF_KIND, kind_of_upstream_status
-from gateway.tensors import (
+from gateway.core import tensors
+from gateway.core.errors import ErrorKind, GatewayError, invalid, malformed
+from gateway.core.jsontext import UnportableJson, python_loads
+from gateway.core.limits import TensorBudget, check_json_depth, count_bytes
+from gateway.core.tensors import (
     JsonNumbers,
     array_from_json,
     array_from_raw,
@@ -34,7 +32,7 @@ from gateway.tensors import (
     check_json_count,
     check_json_data,
 )
-from gateway.types import (
+from gateway.core.types import (
     InferRequest,
     InferResponse,
     ModelMetadata,
@@ -45,9 +43,11 @@ from gateway.types import (
     check_datatype,
     declared_shape,
 )
+from gateway.protocols.triton import shm
+from gateway.protocols.v2_rest.errors import STATUS_OF_KIND, kind_of_upstream_status
 
 if TYPE_CHECKING:
-    from gateway.config import Limits
+    from gateway.config.model import Limits
 
 PROTOCOL = "v2-rest"
 HEADER_LENGTH = "Inference-Header-Content-Length"

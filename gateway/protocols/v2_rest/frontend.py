@@ -10,22 +10,22 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway.budget import admit_json
-from gateway.confignode import Node
-from gateway.errors import ErrorKind, GatewayError
-from gateway.extensions import BINARY_TENSOR_DATA, shm
-from gateway.extensions.service import Extensions
-from gateway.http.aiohttp_app import error_middleware, request_context
-from gateway.http.body import accepted_coding
-from gateway.http.exchange import Handler, HttpReply, HttpRequest, compress
-from gateway.http.frontend import AiohttpRequest, HttpFrontend
-from gateway.limits import BYTES_ELEMENT_COST, TensorBudget
-from gateway.observe import PASSTHROUGH_RENAMED, REQUEST_ID_HEADER
-from gateway.protocols.upstream import reading_reply
+from gateway.config.node import Node
+from gateway.core.errors import ErrorKind, GatewayError
+from gateway.core.limits import BYTES_ELEMENT_COST, TensorBudget
+from gateway.core.record import PASSTHROUGH_RENAMED, REQUEST_ID_HEADER
+from gateway.core.types import Handover, InferRequest, InferResponse, RequestContext
+from gateway.dataplane.routing import Route
+from gateway.protocols.http_frontend import AiohttpRequest, HttpFrontend
+from gateway.protocols.triton import BINARY_TENSOR_DATA, shm
+from gateway.protocols.triton.service import Extensions
 from gateway.protocols.v2_rest import codec, errors, extensions
 from gateway.protocols.v2_rest.generate import GenerateHandlers
-from gateway.routing import Route
-from gateway.types import Handover, InferRequest, InferResponse, RequestContext
+from gateway.runtime.budget import admit_json
+from gateway.transport.http_server.aiohttp_app import error_middleware, request_context
+from gateway.transport.http_server.body import accepted_coding
+from gateway.transport.http_server.exchange import Handler, HttpReply, HttpRequest, compress
+from gateway.transport.upstream import reading_reply
 
 PROTOCOL = codec.PROTOCOL
 _HEADER_LENGTH = codec.HEADER_LENGTH.lower()
