@@ -11,7 +11,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.accesslog import AccessLog
+from gateway.accesslog import AccessLog, _plain
 from gateway.config import AccessLogConfig, parse_config
 from gateway.configview import REDACTED, effective_config
 from gateway.errors import ErrorKind, GatewayError
@@ -234,6 +234,27 @@ def test_plain_access_log_line_cannot_be_forged(tmp_path: os.PathLike[str]) -> N
     assert text.count("\n") == 1 and not text.endswith(" \n")  # the newline in the model name stays escaped
     assert "request_id=rid-7 " in text and "status=200 " in text and "endpoint=127.0.0.1:9 " in text
     assert 'model="evil\\"\\nts=forged model"' in text
+
+
+@pytest.mark.parametrize("worker", [None, 0, 3])
+def test_plain_line_in_one_step_is_the_general_format(worker: int | None) -> None:
+    """The usual line is formatted without the field dictionary; any line
+    must read exactly as the field-by-field format writes it."""
+    texts = ["", "simple", "route-0", "127.0.0.1:9", "/v2/models/x/infer", 'evil"\nts=forged', "a b", "x\u2028y",
+             "m\udcff", "é", "=", "-", "p" * 400]
+    access_log = AccessLog(None, "plain", worker)
+    for i, text in enumerate(texts * 3):
+        ctx = RequestContext("rest", "v2-rest", request_id=texts[i % 5] or "rid",
+                             traceparent=VALID_TRACEPARENT if i % 2 else "")
+        ctx.record = RequestRecord(operation="infer", model=text, version=texts[(i + 1) % len(texts)],
+                                   route=texts[i % 3], upstream="up", endpoint=texts[(i + 2) % len(texts)],
+                                   status="200" if i % 7 else 200, outcome="ok", method="POST",  # type: ignore[arg-type]
+                                   path=texts[i % len(texts)], passthrough=texts[i % 2], batch_id=texts[i % 4],
+                                   error=texts[(i + 3) % len(texts)], request_bytes=i, response_bytes=20,
+                                   upstream_seconds=i / 7, upstream_attempts=i % 3, decode_seconds=0.0,
+                                   encode_seconds=1e-7 * i)
+        now = 1764880000.0 + i / 3
+        assert access_log._plain_line(ctx, i / 11, now) == _plain(access_log.fields(ctx, i / 11, now))
 
 
 def test_disabled_access_log_writes_nothing() -> None:
