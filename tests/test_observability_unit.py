@@ -11,7 +11,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.accesslog import AccessLog, _plain
+from gateway.accesslog import AccessLog, _ms, _ms_text, _plain
 from gateway.config import AccessLogConfig, parse_config
 from gateway.configview import REDACTED, effective_config
 from gateway.errors import ErrorKind, GatewayError
@@ -255,6 +255,18 @@ def test_plain_line_in_one_step_is_the_general_format(worker: int | None) -> Non
                                    encode_seconds=1e-7 * i)
         now = 1764880000.0 + i / 3
         assert access_log._plain_line(ctx, i / 11, now) == _plain(access_log.fields(ctx, i / 11, now))
+
+
+def test_milliseconds_text_is_the_rounded_float_as_python_writes_it() -> None:
+    import math
+    import random
+
+    rng = random.Random(7)
+    values = [0.0, -0.0, 1e-7, 5e-7, 0.0005, 0.0015, -0.0004, 0.0123456, 1e9, 1e13, 1e20, math.inf, -math.inf,
+              math.nan, *(k / 1e6 for k in range(2000)), *((k + 0.5) / 1e6 for k in range(2000)),
+              *(rng.random() * 10 ** rng.randint(-9, 9) for _ in range(20000))]
+    for seconds in values:
+        assert _ms_text(seconds) == str(_ms(seconds)), seconds
 
 
 def test_disabled_access_log_writes_nothing() -> None:
