@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 
 from gateway.config import AccessLogConfig
-from gateway.logwriter import ACCESS_LOG_LINGER, LineWriter
+from gateway.logwriter import ACCESS_LOG_BUSY_LINGER, ACCESS_LOG_LINGER, LineWriter
 from gateway.observe import RequestRecord, trace_id
 from gateway.types import RequestContext
 
@@ -140,7 +140,7 @@ class AccessLog:
         self._clock = _Clock()
         self._writer = None if fd is None else LineWriter(
             fd, path=path, owns_fd=owns_fd, max_bytes=MAX_QUEUED_BYTES, name="access log writer", on_drop=on_drop,
-            linger=ACCESS_LOG_LINGER)
+            linger=ACCESS_LOG_LINGER, busy_linger=ACCESS_LOG_BUSY_LINGER)
 
     @classmethod
     def open(cls, config: AccessLogConfig, worker: int | None = None,

@@ -34,10 +34,16 @@ LINE_OVERHEAD = 64
 WRITABLE_POLL = 0.5
 # How long the access log's thread waits for more lines before it sleeps
 # until woken: the most a line waits in the queue while lines keep coming.
-# Each wake-up takes the GIL from the loop: at 2 ms the thread cost 30-60 us
-# of CPU per request at ~1,400 requests/s, at 20 ms 5-10 (measured). (The
-# diagnostic log's thread does not linger: its records are rare.)
-ACCESS_LOG_LINGER = 0.02
+# (The diagnostic log's thread does not linger: its records are rare.)
+ACCESS_LOG_LINGER = 0.002
+# While lines come fast (BUSY_LINES in one batch, until a batch has fewer
+# than QUIET_LINES) it lingers longer: each wake-up takes the GIL from the
+# loop, and at 2 ms the thread cost 30-60 us of CPU per request at ~1,400
+# requests/s, at 20 ms 5-10 (measured). Sparse lines still wait at most
+# 2 ms, so a worker killed just after answering has written its lines.
+ACCESS_LOG_BUSY_LINGER = 0.02
+BUSY_LINES = 3
+QUIET_LINES = 10
 # Seconds between two warnings that lines are being dropped.
 WARN_INTERVAL = 60.0
 
@@ -56,12 +62,13 @@ class LineWriter:
 
     def __init__(self, fd: int, *, path: str | None = None, owns_fd: bool = False, max_bytes: int,
                  name: str = "line writer", on_drop: Callable[[int], None] | None = None,
-                 warn: bool = True, linger: float = 0.0) -> None:
+                 warn: bool = True, linger: float = 0.0, busy_linger: float | None = None) -> None:
         self.fd = fd
         self.path = path
         self.name = name
         self.max_bytes = max_bytes
         self.linger = linger
+        self.busy_linger = linger if busy_linger is None else busy_linger
         self.on_drop = on_drop
         self.dropped = 0  # lines lost: queue full or write failed
         self._owns_fd = owns_fd
@@ -179,6 +186,7 @@ class LineWriter:
     # --- the writer thread ------------------------------------------------------------
 
     def _run(self) -> None:
+        busy = False
         while True:
             with self._put_lock:
                 idle = not self._lines and not self._reopen and not self._closing
@@ -191,11 +199,13 @@ class LineWriter:
                 continue
             if self._abandoned or (self._closing and not self._lines):
                 return
-            self._write_queued()
-            if self.linger > 0:
-                self._linger()
+            written = self._write_queued()
+            busy = written >= (QUIET_LINES if busy else BUSY_LINES)
+            linger = self.busy_linger if busy else self.linger
+            if linger > 0:
+                self._linger(linger)
 
-    def _linger(self) -> None:
+    def _linger(self, seconds: float) -> None:
         """Stay awake a moment before looking at the queue again: puts do
         not wake a lingering thread (unless the queue is half full), so the
         lines that come meanwhile are written as one batch, the thread
@@ -204,7 +214,7 @@ class LineWriter:
             if self._closing or self._reopen or (self._bytes_in - self._bytes_taken) * 2 > self.max_bytes:
                 return
             self._waiting = self._lingering = True
-        woken = self._wake.acquire(timeout=self.linger)
+        woken = self._wake.acquire(timeout=seconds)
         with self._put_lock:
             self._lingering = False
             if self._waiting:  # nobody released _wake
@@ -212,11 +222,12 @@ class LineWriter:
             elif not woken:  # released just after the timeout: hold it again
                 self._wake.acquire()
 
-    def _write_queued(self) -> None:
+    def _write_queued(self) -> int:
         """Write the queued lines, whole lines up to PIPE_BUF bytes per
-        write(2) (a longer line alone)."""
+        write(2) (a longer line alone); the number taken."""
         lines = self._lines
         carried: bytes | None = None
+        taken = 0
         while not self._abandoned:
             parts = [] if carried is None else [carried]
             size = 0 if carried is None else len(carried)
@@ -233,7 +244,8 @@ class LineWriter:
                 parts.append(line)
                 size += len(line)
             if not parts:
-                return
+                return taken
+            taken += len(parts)
             try:
                 self._write_all(b"".join(parts))
             except OSError as exc:  # a full disk, a closed pipe: the lines go, serving goes on
@@ -243,6 +255,7 @@ class LineWriter:
         if carried is not None:  # abandoned between taking and writing it
             self._lines_done += 1
             self._count_dropped(1, "the writer was abandoned")
+        return taken
 
     def _write_all(self, data: bytes) -> None:
         view = memoryview(data)

@@ -243,6 +243,19 @@ def test_a_lingering_line_writer_batches_and_wakes_when_half_full_or_closed(tmp_
     assert path.read_bytes() == b"first\n" + line * 31 + b"last\n" and writer.dropped == 0
 
 
+def test_sparse_lines_wait_the_short_linger_not_the_busy_one(tmp_path: Path) -> None:
+    path = tmp_path / "access.log"
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    writer = LineWriter(fd, owns_fd=True, max_bytes=64 * 1024, name="test writer", linger=0.002, busy_linger=60.0)
+    try:
+        for i in range(5):  # one line at a time: each written at once, not after the busy linger
+            writer.put(b"%d\n" % i)
+            wait_for(lambda i=i: path.read_bytes().endswith(b"%d\n" % i), 5, f"line {i}")
+            time.sleep(0.01)
+    finally:
+        assert writer.close(5)
+
+
 def test_line_writer_reopens_its_path(tmp_path: Path) -> None:
     path = tmp_path / "access.log"
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
