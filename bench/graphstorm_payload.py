@@ -23,12 +23,12 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from graphstorm_payloads import MOVIELENS_SCHEMA, large_movielens  # noqa: E402
 
-from gateway.builtin.gnn import GnnModel, GnnSettings  # noqa: E402
-from gateway.graphtensors import NODE_TASKS  # noqa: E402
+from gateway.core.graphtensors import NODE_TASKS  # noqa: E402
+from gateway.core.types import InferRequest  # noqa: E402
+from gateway.protocols.builtin.gnn import GnnModel, GnnSettings  # noqa: E402
 from gateway.protocols.graphstorm import codec  # noqa: E402
 from gateway.protocols.graphstorm.frontend import gc_paused  # noqa: E402
 from gateway.protocols.graphstorm.schema import parse_schema  # noqa: E402
-from gateway.types import InferRequest  # noqa: E402
 
 
 def main() -> None:

@@ -84,6 +84,11 @@ class Process:
         machine a steadier measure of its own cost than wall time."""
         return sum(self.cpu_times())
 
+    def tree_cpu_seconds(self) -> float:
+        """CPU time (user + system) of the process and all its descendants
+        (see :func:`tree_cpu_seconds`)."""
+        return tree_cpu_seconds(self.pid)
+
     def cpu_times(self) -> tuple[float, float]:
         """User and system CPU time the process has used so far (user: the
         interpreter and the C libraries it calls; system: the kernel's
@@ -116,6 +121,53 @@ def _children(pid: int) -> list[int]:
         return []
     kids = [int(x) for x in text.split()]
     return kids + [g for k in kids for g in _children(k)]
+
+
+def tree_cpu_seconds(root: int) -> float:
+    """CPU time (user + system) so far of ``root`` and every descendant,
+    found by walking /proc/*/stat for parent links (children forked by any
+    thread, grandchildren): fields 14-15 (utime, stime) of a process already
+    sum its threads; 16-17 (cutime, cstime) add the children it has reaped,
+    so a child that exits between two readings still counts."""
+    stats: dict[int, tuple[int, int]] = {}  # pid -> (ppid, ticks)
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # exited while we looked
+            continue
+        stats[int(entry.name)] = int(fields[1]), sum(int(x) for x in fields[11:15])
+    kids: dict[int, list[int]] = {}
+    for pid, (ppid, _) in stats.items():
+        kids.setdefault(ppid, []).append(pid)
+    total, todo = 0, [root]
+    while todo:
+        pid = todo.pop()
+        total += stats[pid][1] if pid in stats else 0
+        todo += kids.get(pid, [])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def nginx_config(prefix: Path, http: str) -> str:
+    """An nginx.conf for one worker, no access log, every file under
+    ``prefix``; ``http`` holds the upstream and server blocks."""
+    return f"""
+worker_processes 1;
+error_log {prefix}/logs/error.log warn;
+pid {prefix}/nginx.pid;
+events {{ worker_connections 1024; }}
+http {{
+  access_log off;
+  client_max_body_size 0;
+  client_body_temp_path {prefix}/body;
+  proxy_temp_path {prefix}/proxy;
+  fastcgi_temp_path {prefix}/fastcgi;
+  uwsgi_temp_path {prefix}/uwsgi;
+  scgi_temp_path {prefix}/scgi;
+{http}
+}}
+"""
 
 
 # --- wrk ------------------------------------------------------------------
@@ -221,6 +273,16 @@ class Row:
 @dataclass
 class Report:
     rows: list[Row] = field(default_factory=list)
+    tables: list[str] = field(default_factory=list)  # markdown tables shown after the rows
+
+    def add_table(self, title: str, header: list[str], rows: list[list[str]]) -> None:
+        """A table of its own (one line per variant), printed and kept for
+        :meth:`markdown`."""
+        lines = [f"**{title}**", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        lines += ["| " + " | ".join(row) + " |" for row in rows]
+        text = "\n".join(lines)
+        self.tables.append(text)
+        print(text, flush=True)
 
     def add(self, row: Row) -> None:
         self.rows.append(row)
@@ -238,6 +300,8 @@ class Report:
             verdict = "" if r.met is None else ("met" if r.met else "**missed**")
             note = f" ({r.note})" if r.note else ""
             lines.append(f"| {r.scenario} | {r.measure}{note} | {values} | {ratio} | {r.target} | {verdict} |")
+        for table in self.tables:
+            lines += ["", table]
         return "\n".join(lines) + "\n"
 
     def plot(self, path: Path) -> None:

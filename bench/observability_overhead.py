@@ -36,10 +36,10 @@ def _per_call_us(function: object, rounds: int = ROUNDS) -> float:
 def measure(multiprocess_dir: str | None) -> dict[str, float]:
     from prometheus_client import CollectorRegistry
 
-    from gateway.accesslog import AccessLog
-    from gateway.metrics import GatewayMetrics
-    from gateway.observe import RequestRecord
-    from gateway.types import RequestContext
+    from gateway.core.record import RequestRecord
+    from gateway.core.types import RequestContext
+    from gateway.observability.accesslog import AccessLog
+    from gateway.observability.metrics import GatewayMetrics
 
     metrics = GatewayMetrics(CollectorRegistry(), max_model_labels=100, multiprocess_dir=multiprocess_dir)
     metrics.declare_upstream("models", ["10.0.0.1:8081"])

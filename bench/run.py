@@ -13,6 +13,10 @@ Scenarios (issue #8):
   f  1 vs N gateway worker processes (throughput)
   g  dynamic batching (issue 18): a 5 ms-per-call model through the gateway with and without route batching
      (concurrency 64: throughput; concurrency 1: p50), MLServer's own adaptive batching on vs off beside it
+  h  the gateway's own CPU per request against nginx's: a C upstream answering simple from memory (an nginx
+     ``return 200``), in front of it the gateway (one process, V2 REST pass-through; access log on, as by
+     default, and off) and nginx (one worker, keep-alive pool), and direct as the floor: requests/s at
+     concurrency 16 and CPU us per request of each proxy's whole process tree (/proc), the rows taking turns
 
 Targets are issue 16's and 18's (docs/performance.md has the table and what bounds each).
 The machine is small and shared: only ratios measured within one run count.
@@ -24,9 +28,11 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -40,7 +46,7 @@ REPO = BENCH.parent
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(BENCH))
 
-from harness import Process, Report, Row, interleaved, median_ms, timed, wait_port, wrk  # noqa: E402
+from harness import LoadResult, Process, Report, Row, interleaved, median_ms, nginx_config, timed, wait_port, wrk  # noqa: E402
 
 RESULTS = BENCH / "results"
 
@@ -86,40 +92,30 @@ class Bench:
             wait_port(port, proc=proc.proc)
         return proc, ports
 
-    def nginx(self, upstream_port: int) -> int:
+    def nginx(self, upstream_port: int, name: str = "nginx") -> tuple[Process, int]:
+        """nginx as a reverse proxy (one worker, a keep-alive upstream pool)."""
         port = _free_port()
-        prefix = self.workdir / "nginx"
-        (prefix / "logs").mkdir(parents=True)
-        conf = prefix / "nginx.conf"
-        conf.write_text(f"""
-worker_processes 1;
-error_log {prefix}/logs/error.log warn;
-pid {prefix}/nginx.pid;
-events {{ worker_connections 1024; }}
-http {{
-  access_log off;
-  client_max_body_size 0;
-  client_body_temp_path {prefix}/body;
-  proxy_temp_path {prefix}/proxy;
-  fastcgi_temp_path {prefix}/fastcgi;
-  uwsgi_temp_path {prefix}/uwsgi;
-  scgi_temp_path {prefix}/scgi;
-  upstream mlserver {{ server 127.0.0.1:{upstream_port}; keepalive 32; }}
+        return self._nginx(name, port, f"""
+  upstream backend {{ server 127.0.0.1:{upstream_port}; keepalive 32; }}
   server {{
     listen 127.0.0.1:{port};
     location / {{
-      proxy_pass http://mlserver;
+      proxy_pass http://backend;
       proxy_http_version 1.1;
       proxy_set_header Connection "";
       proxy_buffering off;
     }}
-  }}
-}}
-""")
-        proc = Process("nginx", ["nginx", "-p", str(prefix), "-c", str(conf), "-g", "daemon off;"], self.workdir)
+  }}"""), port
+
+    def _nginx(self, name: str, port: int, http: str) -> Process:
+        prefix = self.workdir / name
+        (prefix / "logs").mkdir(parents=True)
+        conf = prefix / "nginx.conf"
+        conf.write_text(nginx_config(prefix, http))
+        proc = Process(name, ["nginx", "-p", str(prefix), "-c", str(conf), "-g", "daemon off;"], self.workdir)
         self._processes.append(proc)
         wait_port(port, proc=proc.proc)
-        return port
+        return proc
 
     def close(self) -> None:
         for proc in reversed(self._processes):
@@ -135,7 +131,7 @@ http {{
         ml = self.mlserver
         gw_proc, gw = self.gateway("a", _proxy_config(f"v2-rest, endpoints: ['{ml.rest_address}'], binary: never"))
         tr_proc, tr = self.gateway("a-translated", _proxy_config(f"v2-grpc, endpoints: ['{ml.grpc_address}']"))
-        nginx_port = self.nginx(ml.http_port)
+        _, nginx_port = self.nginx(ml.http_port)
         body = _simple_json()
         urls = {
             "direct": f"http://{ml.rest_address}/v2/models/simple/infer",
@@ -415,6 +411,76 @@ http {{
                             unit="req/s", note=f"{cores} cores, shared with wrk"))
 
 
+    def scenario_h(self) -> None:
+        """The gateway's own CPU per request against nginx's, both one
+        process (nginx: one worker) in front of a C upstream answering from
+        memory (another nginx's ``return 200``): requests/s at concurrency 16
+        and the CPU of each proxy's whole process tree per request, the
+        arms taking turns; direct to the upstream as the floor."""
+        up_port = _free_port()
+        upstream = self._nginx("h-upstream", up_port, _c_upstream_server(up_port))
+        address = f"127.0.0.1:{up_port}"
+        gw_proc, gw = self.gateway("h", _c_upstream_config(address, access_log=True))
+        quiet_proc, quiet = self.gateway("h-log-off", _c_upstream_config(address, access_log=False))
+        nginx_proc, nginx_port = self.nginx(up_port, "h-nginx")
+        path = "/v2/models/simple/infer"
+        arms: dict[str, tuple[str, Process | None]] = {
+            "direct (C upstream)": (f"http://{address}{path}", None),
+            "gateway": (f"http://127.0.0.1:{gw['rest']}{path}", gw_proc),
+            "gateway, access log off": (f"http://127.0.0.1:{quiet['rest']}{path}", quiet_proc),
+            "nginx": (f"http://127.0.0.1:{nginx_port}{path}", nginx_proc),
+        }
+        body = _simple_json()
+        for name, (url, _) in arms.items():  # the answer is simple's; warm connections and first requests
+            _expect_answer(name, url, body, _SIMPLE_ANSWER)
+            wrk(url, body, 16, 1.0, threads=2)
+        rounds = 2
+        runs: dict[str, list[LoadResult]] = {name: [] for name in arms}
+        proxy_cpu = dict.fromkeys(arms, 0.0)
+        upstream_cpu = dict.fromkeys(arms, 0.0)
+        names = list(arms)
+        for i in range(rounds):
+            for name in names[i % len(names):] + names[:i % len(names)]:
+                url, proc = arms[name]
+                before = proc.tree_cpu_seconds() if proc else 0.0, upstream.tree_cpu_seconds()
+                runs[name].append(wrk(url, body, 16, self.seconds / rounds, threads=2))
+                proxy_cpu[name] += (proc.tree_cpu_seconds() if proc else 0.0) - before[0]
+                upstream_cpu[name] += upstream.tree_cpu_seconds() - before[1]
+        _check_errors({f"{name} #{i}": r for name, rs in runs.items() for i, r in enumerate(rs)})
+        requests = {name: sum(r.requests for r in rs) for name, rs in runs.items()}
+        for name, ports in (("gateway", gw), ("gateway, access log off", quiet)):  # every one went verbatim
+            verbatim = _verbatim_passthroughs(ports["admin"])
+            if verbatim < requests[name]:
+                raise RuntimeError(f"{name}: {verbatim:g} verbatim pass-throughs for {requests[name]} requests")
+        rps = {name: requests[name] / sum(r.requests / r.requests_per_second for r in rs)
+               for name, rs in runs.items()}
+        cpu_us = {name: proxy_cpu[name] * 1e6 / requests[name] for name, (_, proc) in arms.items() if proc}
+        upstream_us = {name: upstream_cpu[name] * 1e6 / requests[name] for name in arms}
+        p50 = {name: statistics.median(r.p50_ms for r in rs) for name, rs in runs.items()}
+        p99 = {name: statistics.median(r.p99_ms for r in rs) for name, rs in runs.items()}
+
+        share = rps["gateway"] / rps["nginx"]
+        self.report.add(Row("h", "throughput, concurrency 16, C upstream", rps, share,
+                            "gateway/nginx (reported)", unit="req/s"))
+        ratio = cpu_us["gateway"] / cpu_us["nginx"]
+        met = cpu_us["gateway"] <= 120 and ratio <= 6
+        self.report.add(Row("h", "proxy CPU per request, whole process tree, concurrency 16", cpu_us, ratio,
+                            "gateway <= 120 us and <= 6x nginx", met, unit="us",
+                            note="gateway: access log on (the default, to stdout: a file here) and off"))
+        self.report.add(Row("h", "C upstream's CPU per request (reference)", upstream_us, unit="us"))
+        self.report.add(Row("h", "p50 latency, concurrency 16", p50, unit="ms"))
+        self.report.add(Row("h", "p99 latency, concurrency 16", p99, unit="ms"))
+        nginx_cpu, nginx_rps = cpu_us["nginx"], rps["nginx"]
+        self.report.add_table(
+            f"h: proxies in front of a C upstream, concurrency 16, {rounds} x {max(1, round(self.seconds / rounds))} s"
+            " per row (rows taking turns)",
+            ["row", "requests/s", "proxy CPU us/request", "CPU / nginx's", "requests/s / nginx's",
+             "upstream CPU us/request", "p50 / p99 ms"],
+            [[name, f"{rps[name]:,.0f}", f"{cpu_us[name]:.1f}" if name in cpu_us else "-",
+              f"{cpu_us[name] / nginx_cpu:.2f}" if name in cpu_us else "-", f"{rps[name] / nginx_rps:.2f}",
+              f"{upstream_us[name]:.1f}", f"{p50[name]:.2f} / {p99[name]:.2f}"] for name in arms])
+
+
 # --- configs and bodies ------------------------------------------------------
 
 
@@ -479,6 +545,70 @@ routes:
 """
 
 
+def _c_upstream_config(address: str, access_log: bool) -> str:
+    """One V2 REST listener; model simple to a V2 REST upstream, with the
+    defaults otherwise (pass-through on, the access log to stdout)."""
+    config = f"""
+admin: {{address: "127.0.0.1:0"}}
+listeners:
+  - {{name: rest, protocol: v2-rest, address: "127.0.0.1:0"}}
+upstreams:
+  - {{name: c, protocol: v2-rest, endpoints: ['{address}']}}
+routes:
+  - match: {{model: simple}}
+    upstream: c
+"""
+    return config if access_log else config + "observability: {access_log: {enabled: false}}\n"
+
+
+# What the builtin simple model answers to _simple_json (OUTPUT0 = sum, OUTPUT1 = difference).
+_SIMPLE_ANSWER = {"model_name": "simple", "model_version": "1", "outputs": [
+    {"name": "OUTPUT0", "datatype": "INT32", "shape": [1, 16], "data": [2 * i for i in range(16)]},
+    {"name": "OUTPUT1", "datatype": "INT32", "shape": [1, 16], "data": [0] * 16}]}
+
+
+def _c_upstream_server(port: int) -> str:
+    """An nginx server block that is a V2 REST server of the simple model
+    answering from memory: the infer answer, server and model metadata,
+    liveness and readiness (what the gateway's backend and health checks
+    ask for). ``return`` answers a POST too (a static file would be 405)."""
+    tensors = [{"name": f"{kind}{i}", "datatype": "INT32", "shape": [-1, 16]} for kind in ("INPUT", "OUTPUT")
+               for i in range(2)]
+    texts = {
+        "/v2/models/simple/infer": _SIMPLE_ANSWER,
+        "/v2": {"name": "c-upstream", "version": "1", "extensions": []},
+        "/v2/models/simple": {"name": "simple", "versions": ["1"], "platform": "nginx",
+                              "inputs": tensors[:2], "outputs": tensors[2:]},
+        "/v2/health/live": None, "/v2/health/ready": None, "/v2/models/simple/ready": None,
+    }
+    locations = "\n".join(
+        f"    location = {path} {{ return 200 '{orjson.dumps(text).decode() if text else ''}'; }}"
+        for path, text in texts.items())
+    return f"""
+  server {{
+    listen 127.0.0.1:{port};
+    keepalive_requests 1000000;  # the floor: no reconnects (nginx's default closes after 1,000)
+    default_type application/json;
+{locations}
+  }}"""
+
+
+def _verbatim_passthroughs(admin_port: int) -> float:
+    """The gateway's count of V2 REST requests relayed verbatim (its metrics)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{admin_port}/metrics", timeout=10) as reply:
+        text = reply.read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("gateway_passthrough_requests_total{") and 'mode="verbatim"' in line)
+
+
+def _expect_answer(name: str, url: str, body: bytes, answer: Any) -> None:
+    request = urllib.request.Request(url, body, {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=10) as reply:
+        got = orjson.loads(reply.read())
+    if got != answer:
+        raise RuntimeError(f"{name}: unexpected answer {str(got)[:300]}")
+
+
 def _simple_json() -> bytes:
     a = list(range(16))
     return orjson.dumps({"inputs": [
@@ -519,12 +649,12 @@ def _bench(seconds: float, repeat: int) -> Iterator[Bench]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", default="abcdefg", help="scenarios to run, e.g. 'a,c' (default: all)")
+    parser.add_argument("--only", default="abcdefgh", help="scenarios to run, e.g. 'a,c' (default: all)")
     parser.add_argument("--quick", action="store_true", help="short runs (smoke test of the suite)")
     args = parser.parse_args()
     seconds, repeat = (2.0, 8) if args.quick else (8.0, 20)
-    wanted = [s for s in args.only.replace(",", "") if s in "abcdefg"]
-    started = time.time()
+    wanted = [s for s in args.only.replace(",", "") if s in "abcdefgh"]
+    started, machine = time.time(), _machine()  # the load average before the run
     with _bench(seconds, repeat) as bench:
         for name in wanted:
             scenario: Callable[[], None] = getattr(bench, f"scenario_{name}")
@@ -534,8 +664,10 @@ def main() -> int:
                 bench.report.add(Row(name, f"FAILED: {type(exc).__name__}: {str(exc)[-600:]}", {}))
         report = bench.report
     RESULTS.mkdir(exist_ok=True)
-    command = "make bench" + (" BENCH_ARGS='--quick'" if args.quick else "")
-    header = (f"# Benchmark results\n\nCommand: `{command}`  \nMachine: {_machine()}  \n"
+    bench_args = " ".join([*(["--quick"] if args.quick else []),
+                           *([f"--only {args.only}"] if wanted != list("abcdefgh") else [])])
+    command = "make bench" + (f" BENCH_ARGS='{bench_args}'" if bench_args else "")
+    header = (f"# Benchmark results\n\nCommand: `{command}`  \nMachine: {machine}  \n"
               f"Run: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(started))}, "
               f"{time.time() - started:.0f} s; load {seconds:g} s per wrk run")
     (RESULTS / "latest.md").write_text(report.markdown(header))

@@ -1,4 +1,4 @@
-"""Per-call cost of the upstream HTTP transport (gateway/upstream_http.py)
+"""Per-call cost of the upstream HTTP transport (gateway/transport/http_client/pool.py)
 against aiohttp's ClientSession configured as the V2 REST upstream used it,
 side by side in one run, against the same small raw HTTP server.
 
@@ -30,9 +30,9 @@ sys.path.insert(0, str(REPO))
 import aiohttp  # noqa: E402
 import uvloop  # noqa: E402
 
-from gateway.config import Address  # noqa: E402
-from gateway.tls import HttpClientTls  # noqa: E402
-from gateway.upstream_http import UpstreamHttp  # noqa: E402
+from gateway.config.model import Address  # noqa: E402
+from gateway.runtime.tls import HttpClientTls  # noqa: E402
+from gateway.transport.http_client.pool import UpstreamHttp  # noqa: E402
 
 SMALL = b'{"model_name":"simple","outputs":[{"name":"OUTPUT0","datatype":"INT32","shape":[1,16],"data":[' + \
     b",".join(str(i).encode() for i in range(16)) + b"]}]}"

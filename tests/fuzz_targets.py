@@ -23,10 +23,11 @@ import atheris
 
 with atheris.instrument_imports(include=["gateway"]):
 
-    from gateway.config import Limits
-    from gateway.errors import GatewayError
-    from gateway.graphtensors import EDGE_TASKS, NODE_TASKS
-    from gateway.limits import TensorBudget, check_json_depth
+    from gateway.config.model import Limits
+    from gateway.core.errors import GatewayError
+    from gateway.core.graphtensors import EDGE_TASKS, NODE_TASKS
+    from gateway.core.limits import TensorBudget, check_json_depth
+    from gateway.core.types import TensorSpec
     from gateway.protocols.graphstorm import codec as graphstorm
     from gateway.protocols.graphstorm.schema import parse_schema
     from gateway.protocols.umbridge import codec as umbridge
@@ -35,7 +36,6 @@ with atheris.instrument_imports(include=["gateway"]):
     from gateway.protocols.v2_grpc import codec as v2_grpc
     from gateway.protocols.v2_grpc import messages as pb
     from gateway.protocols.v2_rest import codec as v2_rest
-    from gateway.types import TensorSpec
 
 LIMITS = Limits(max_request_bytes=1 << 20, max_tensor_elements=1 << 20, max_request_elements=1 << 20,
                 max_request_tensor_bytes=8 << 20, max_bytes_element=1 << 16)

@@ -141,7 +141,7 @@ routes:
 def parse_yaml_config(text: str) -> Any:
     import yaml
 
-    from gateway.config import parse_config
+    from gateway.app.configure import parse_config
 
     return parse_config(yaml.safe_load(text), "<test>")
 
@@ -150,7 +150,7 @@ class InProcessGateway:
     """The gateway on port 0 inside the test's event loop (async tests)."""
 
     def __init__(self, config_text: str) -> None:
-        from gateway.server import Gateway
+        from gateway.app.server import Gateway
 
         self.gateway = Gateway(parse_yaml_config(config_text))
 

@@ -302,7 +302,7 @@ async def test_the_acceptor_serves_until_closed() -> None:
     accepts until close(), then returns."""
     import asyncio
 
-    from gateway.acceptor import Acceptor, RefusalLog, bind
+    from gateway.transport.acceptor import Acceptor, RefusalLog, bind
 
     class Refuse:  # a gate that closes every connection at once
         admitted = 0

@@ -439,8 +439,8 @@ def test_upstream_errors_name_the_cluster_and_log_the_address(faulty: Faulty, li
      "output 'OUTPUT0': has 1 data elements but shape [4] needs 4; dims [2, 3] [1:2] v1.2.3 within 0.5s"),
 ])
 def test_addresses_are_cut_from_upstream_words(text: str, expected: str) -> None:
-    from gateway.config import Address
-    from gateway.protocols.upstream import without_addresses
+    from gateway.config.model import Address
+    from gateway.core.addresses import without_addresses
 
     assert without_addresses(text, Address("triton.svc.cluster.local", 8001)) == expected
 
@@ -455,8 +455,8 @@ async def test_http_upstreams_have_no_total_timeout_of_their_own() -> None:
     from types import SimpleNamespace
 
     from gateway.protocols import registry
-    from gateway.protocols.upstream import CONNECT_TIMEOUT
-    from gateway.upstream_http import UpstreamHttp
+    from gateway.transport.http_client.pool import UpstreamHttp
+    from gateway.transport.upstream import CONNECT_TIMEOUT
     from support import parse_yaml_config
 
     config = parse_yaml_config("""

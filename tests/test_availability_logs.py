@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 import requests
 
-from gateway import logwriter
-from gateway.logwriter import LineWriter, StderrHandler
-from gateway.looplag import LoopLagMonitor
+from gateway.observability import logwriter
+from gateway.observability.logwriter import LineWriter, StderrHandler
+from gateway.observability.looplag import LoopLagMonitor
 from support import (
     BUILTIN_REST_CONFIG,
     JSON_ACCESS_LOG_CONFIG,

@@ -1,4 +1,4 @@
-"""Dynamic batching's core (gateway/batching.py) with a fake upstream, and
+"""Dynamic batching's core (gateway/dataplane/batching.py) with a fake upstream, and
 through the data plane to a builtin upstream: who joins which batch, what
 each member gets back, and what happens on failure, overload and
 cancellation. tests/test_batching_gateway.py drives real clients and MLServer."""
@@ -12,12 +12,14 @@ import numpy as np
 import pytest
 import yaml
 
-from gateway.batching import Batcher, Member, batch_key, concatenate, split
-from gateway.config import BatchingConfig, parse_config
-from gateway.errors import ErrorKind, GatewayError
-from gateway.proxy import DataPlane
-from gateway.services import GatewayServices
-from gateway.types import InferRequest, InferResponse, RawPayload, RequestContext, RequestedOutput, Tensor
+from gateway.app.configure import parse_config
+from gateway.config.model import BatchingConfig
+from gateway.core.errors import ErrorKind, GatewayError
+from gateway.core.types import InferRequest, InferResponse, RawPayload, RequestContext, RequestedOutput, Tensor
+from gateway.dataplane.batching import Batcher, Member, batch_key, concatenate, split
+from gateway.dataplane.plane import DataPlane
+from gateway.protocols import registry
+from gateway.runtime.services import GatewayServices
 
 WAIT = 5.0  # bound on every wait below; the batches themselves take milliseconds
 
@@ -255,7 +257,7 @@ routes:
 
 async def test_through_the_data_plane_to_a_builtin_upstream() -> None:
     config = parse_config(yaml.safe_load(BUILTIN))
-    plane = DataPlane(config, GatewayServices(config, config.server))
+    plane = DataPlane(config, GatewayServices(config, config.server), backends=registry.backend)
     await plane.start()
     try:
         def simple(i: int, rows: int) -> tuple[InferRequest, RequestContext]:
@@ -291,7 +293,7 @@ async def test_through_the_data_plane_to_a_builtin_upstream() -> None:
     ({"max_batch_size": 8, "max_delay_ms": 2, "max_wait": 1}, "batching.max_wait: unknown key"),
 ])
 def test_batching_options_are_checked(batching: dict[str, Any], error: str) -> None:
-    from gateway.confignode import ConfigError
+    from gateway.config.node import ConfigError
 
     data = yaml.safe_load(BUILTIN)
     data["routes"][0]["batching"] = batching
@@ -301,7 +303,7 @@ def test_batching_options_are_checked(batching: dict[str, Any], error: str) -> N
 
 
 def test_batching_needs_an_upstream_with_a_batch_dimension() -> None:
-    from gateway.confignode import ConfigError
+    from gateway.config.node import ConfigError
 
     data = yaml.safe_load(BUILTIN)
     data["upstreams"].append({"name": "um", "protocol": "umbridge", "endpoints": ["127.0.0.1:4242"]})
@@ -314,9 +316,9 @@ def test_batching_needs_an_upstream_with_a_batch_dimension() -> None:
 def test_the_schema_knows_batching() -> None:
     import jsonschema
 
-    from gateway import schema
+    from gateway.app import configure
 
-    validator = jsonschema.Draft202012Validator(schema.build_schema())
+    validator = jsonschema.Draft202012Validator(configure.build_schema())
     data = yaml.safe_load(BUILTIN)
     data["routes"][0]["batching"].update(preferred_batch_sizes=[4, 8], max_queue=64)
     assert list(validator.iter_errors(data)) == []
@@ -333,7 +335,7 @@ async def test_umbridge_evaluations_through_their_v2_mapping_share_a_batch() -> 
 
     text = BUILTIN.replace("{model: simple}", "{model: trig}").replace("v2-rest", "umbridge")
     config = parse_config(yaml.safe_load(text))
-    plane = DataPlane(config, GatewayServices(config, config.server))
+    plane = DataPlane(config, GatewayServices(config, config.server), backends=registry.backend)
     await plane.start()
     try:
         client = plane.clusters["local"].clients[0]
@@ -362,7 +364,7 @@ async def test_umbridge_evaluations_through_their_v2_mapping_share_a_batch() -> 
 async def _builtin_plane(batching: str, timeout: str = "") -> DataPlane:
     text = BUILTIN.replace("batching: {max_batch_size: 16, max_delay_ms: 20}", f"batching: {batching}{timeout}")
     config = parse_config(yaml.safe_load(text))
-    plane = DataPlane(config, GatewayServices(config, config.server))
+    plane = DataPlane(config, GatewayServices(config, config.server), backends=registry.backend)
     await plane.start()
     return plane
 
@@ -374,7 +376,7 @@ def _simple(i: int) -> tuple[InferRequest, RequestContext]:
 
 
 async def test_a_retry_sends_the_whole_batch_again() -> None:
-    from gateway.errors import connect_failure
+    from gateway.core.errors import connect_failure
 
     plane = await _builtin_plane("{max_batch_size: 4, max_delay_ms: 1000}")
     try:
@@ -420,7 +422,7 @@ async def test_a_sequence_s_requests_are_never_batched() -> None:
     one request's state change twice. They go alone, in order."""
     text = BUILTIN.replace("match: {model: simple}", 'match: {model: "*"}')
     config = parse_config(yaml.safe_load(text))
-    plane = DataPlane(config, GatewayServices(config, config.server))
+    plane = DataPlane(config, GatewayServices(config, config.server), backends=registry.backend)
     await plane.start()
     try:
         def step(value: int, **flags: bool) -> tuple[InferRequest, RequestContext]:

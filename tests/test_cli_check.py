@@ -13,9 +13,10 @@ from typing import Any
 import pytest
 import yaml
 
-from gateway.config import Address, addresses_overlap, parse_config
-from gateway.configcheck import finding, yaml_line
-from gateway.confignode import ConfigError
+from gateway.app.check import finding, yaml_line
+from gateway.app.configure import parse_config
+from gateway.config.model import Address, addresses_overlap
+from gateway.config.node import ConfigError
 from support import REPO, write_config
 
 UPSTREAMS = """

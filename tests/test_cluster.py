@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 import yaml
 
-from gateway.cluster import Cluster, decayed_ejections, ejection_time
-from gateway.config import (
+from gateway.app.configure import parse_config
+from gateway.config.model import (
     Address,
     CircuitBreaker,
     ConnectionPool,
@@ -25,14 +25,15 @@ from gateway.config import (
     OutlierDetection,
     RetryPolicy,
     UpstreamConfig,
-    parse_config,
 )
-from gateway.counters import Counters, Event
-from gateway.errors import ErrorKind, GatewayError, connect_failure, connection_reset, invalid
+from gateway.core.errors import ErrorKind, GatewayError, connect_failure, connection_reset, invalid
+from gateway.core.types import InferRequest, RequestContext, Tensor
+from gateway.dataplane.cluster.cluster import Cluster
+from gateway.dataplane.cluster.outlier import decayed_ejections, ejection_time
+from gateway.dataplane.plane import DataPlane
+from gateway.dataplane.retry import backoff_delay, budget_allows, failure_reason
+from gateway.observability.counters import Counters, Event
 from gateway.protocols import registry
-from gateway.proxy import DataPlane
-from gateway.retry import backoff_delay, budget_allows, failure_reason
-from gateway.types import InferRequest, RequestContext, Tensor
 from peers.fake_upstream import FakeClient, FakeFleet
 from support import Clock
 
@@ -101,7 +102,7 @@ def test_consistent_hash_is_stable_and_moves_only_the_lost_keys() -> None:
     victim = next(e for e in c.endpoints if e.address.endswith("9001"))
     victim.in_flight += 1
     c.in_flight += 1
-    from gateway.cluster import Lease
+    from gateway.dataplane.cluster.cluster import Lease
     Lease(c, victim).release("connect-failure")  # eject it
     after = {k: ports(c, 1, k)[0] for k in keys}
     moved = [k for k in keys if before[k] != after[k]]
@@ -584,7 +585,7 @@ async def test_an_error_after_a_streamed_response_names_no_address(fleet: FakeFl
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """Once a stream delivered a response the request is not retried, and
     its error still goes to the client without the upstream's addresses."""
-    from gateway.protocols.base import StreamedResponse
+    from gateway.core.contracts import StreamedResponse
 
     dp = await plane(fleet)
 

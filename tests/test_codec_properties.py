@@ -16,18 +16,11 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from gateway.config import Limits
-from gateway.errors import GatewayError
-from gateway.graphtensors import NODE_TASKS, GraphTensors, prediction_name
-from gateway.modelnames import check_model
-from gateway.protocols.graphstorm import codec as graphstorm
-from gateway.protocols.graphstorm.payload import decode_payload, encode_payload
-from gateway.protocols.umbridge import codec as umbridge
-from gateway.protocols.umbridge import passthrough as umbridge_passthrough
-from gateway.protocols.v2_grpc import codec as v2_grpc
-from gateway.protocols.v2_grpc import messages as pb
-from gateway.protocols.v2_rest import codec as v2_rest
-from gateway.types import (
+from gateway.config.model import Limits
+from gateway.core.errors import GatewayError
+from gateway.core.graphtensors import NODE_TASKS, GraphTensors, prediction_name
+from gateway.core.modelnames import check_model
+from gateway.core.types import (
     DATATYPES,
     NUMPY_DTYPES,
     InferRequest,
@@ -36,6 +29,13 @@ from gateway.types import (
     Tensor,
     element_count,
 )
+from gateway.protocols.graphstorm import codec as graphstorm
+from gateway.protocols.graphstorm.payload import decode_payload, encode_payload
+from gateway.protocols.umbridge import codec as umbridge
+from gateway.protocols.umbridge import passthrough as umbridge_passthrough
+from gateway.protocols.v2_grpc import codec as v2_grpc
+from gateway.protocols.v2_grpc import messages as pb
+from gateway.protocols.v2_rest import codec as v2_rest
 
 PROPERTIES = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 LIMITS = Limits()

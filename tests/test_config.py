@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gateway.config import Address, load_config, parse_config
-from gateway.confignode import ConfigError
+from gateway.app.configure import load_config, parse_config
+from gateway.config.model import Address
+from gateway.config.node import ConfigError
 from support import REPO
 
 

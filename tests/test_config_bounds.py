@@ -23,9 +23,9 @@ from typing import Any
 
 import pytest
 
-from gateway.config import load_config
-from gateway.confignode import ConfigError
-from gateway.configyaml import MAX_BYTES, MAX_DEPTH, MAX_NODES
+from gateway.app.configure import load_config
+from gateway.config.node import ConfigError
+from gateway.config.reader import MAX_BYTES, MAX_DEPTH, MAX_NODES
 from peers.echo_gateway import admin_call
 from peers.stall_attack import rss_bytes
 from support import BUILTIN_REST_CONFIG, REPO, GatewayProcess, wait_for, write_config

@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 
-from gateway import cli, config
-from gateway.confignode import Node
+from gateway.app import cli
+from gateway.config import model as config
+from gateway.config.node import Node
 from support import REPO
 
 DOC = REPO / "docs" / "configuration.md"

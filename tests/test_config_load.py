@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from gateway.config import GatewayConfig, load_config
-from gateway.confignode import ConfigError
+from gateway.app.configure import load_config
+from gateway.config.model import GatewayConfig
+from gateway.config.node import ConfigError
 from support import REPO
 
 BASE = """\

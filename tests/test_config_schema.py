@@ -18,12 +18,14 @@ import pytest
 import yaml
 from test_config_docs import NOT_KEYS, YAML_DEFAULTS
 
-from gateway import config, schema
-from gateway.confignode import ConfigError
+from gateway.app import configure
+from gateway.config import model as config
+from gateway.config import schema
+from gateway.config.node import ConfigError
 from support import REPO
 
 SHIPPED = [*sorted((REPO / "config" / "examples").glob("*.yaml")),
-           REPO / "config" / "gateway.yaml", REPO / "gateway" / "default_config.yaml"]
+           REPO / "config" / "gateway.yaml", REPO / "gateway" / "config" / "default.yaml"]
 MINIMAL = {"listeners": [{"name": "rest", "protocol": "v2-rest", "address": "127.0.0.1:8000"}],
            "upstreams": [{"name": "models", "protocol": "v2-rest", "endpoints": ["127.0.0.1:9000"]}],
            "routes": [{"match": {"model": "*"}, "upstream": "models"}]}
@@ -31,7 +33,7 @@ MINIMAL = {"listeners": [{"name": "rest", "protocol": "v2-rest", "address": "127
 
 @pytest.fixture(scope="module")
 def validator() -> jsonschema.protocols.Validator:
-    built = schema.build_schema()
+    built = configure.build_schema()
     jsonschema.Draft202012Validator.check_schema(built)
     return jsonschema.Draft202012Validator(built)
 
@@ -47,7 +49,7 @@ def test_shipped_configs_validate(path: Path, validator: jsonschema.protocols.Va
 
 def test_a_minimal_config_validates(validator: jsonschema.protocols.Validator) -> None:
     assert _problems(validator, MINIMAL) == []
-    config.parse_config(MINIMAL)  # and the gateway takes it: the invalid cases below differ in one thing
+    configure.parse_config(MINIMAL)  # and the gateway takes it: the invalid cases below differ in one thing
 
 
 def _changed(edit: Any) -> Any:
@@ -75,7 +77,7 @@ def test_invalid_configs_fail(what: str, edit: Any, validator: jsonschema.protoc
     data = _changed(edit)
     assert _problems(validator, data), what
     with pytest.raises(ConfigError):
-        config.parse_config(data)
+        configure.parse_config(data)
 
 
 def test_protocol_keys_and_the_yaml_forms_validate(validator: jsonschema.protocols.Validator, tmp_path: Path,
@@ -94,7 +96,7 @@ def test_protocol_keys_and_the_yaml_forms_validate(validator: jsonschema.protoco
     for name in ("labels.txt", "n.txt"):
         (tmp_path / name).write_text("cat\ndog\n")
     monkeypatch.setenv("TOKEN", "t0ken")
-    config.parse_config(data, base_dir=tmp_path)
+    configure.parse_config(data, base_dir=tmp_path)
 
 
 def _reachable_dataclasses() -> dict[str, type]:
@@ -113,7 +115,7 @@ def _reachable_dataclasses() -> dict[str, type]:
 
 
 def test_the_schema_covers_every_field() -> None:
-    built = schema.build_schema()
+    built = configure.build_schema()
     sections = _reachable_dataclasses()
     assert {"GatewayConfig", "RouteMatch", "SecretRef", "ListenerTls", "ClassificationConfig"} <= set(sections)
     problems = []
@@ -139,7 +141,7 @@ def test_the_rules_name_real_fields_and_agree_with_the_docs_test() -> None:
 
 
 def test_defaults_validate_against_their_own_schema() -> None:
-    built = schema.build_schema()
+    built = configure.build_schema()
     problems = []
     for name, section in [("<root>", built), *built["$defs"].items()]:
         for key, prop in section.get("properties", {}).items():
@@ -152,4 +154,4 @@ def test_defaults_validate_against_their_own_schema() -> None:
 def test_gateway_schema_prints_the_schema_as_json() -> None:
     out = subprocess.run([sys.executable, "-m", "gateway", "schema"], cwd=REPO, capture_output=True, text=True,
                          timeout=60, check=True).stdout
-    assert json.loads(out) == schema.build_schema()
+    assert json.loads(out) == configure.build_schema()

@@ -25,10 +25,11 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
-from gateway.config import GatewayConfig, parse_config
-from gateway.confignode import ConfigError
-from gateway.configyaml import load_yaml
-from gateway.metrics import GatewayMetrics
+from gateway.app.configure import parse_config
+from gateway.config.model import GatewayConfig
+from gateway.config.node import ConfigError
+from gateway.config.reader import load_yaml
+from gateway.observability.metrics import GatewayMetrics
 from peers.prometheus import promtool
 from support import REPO
 

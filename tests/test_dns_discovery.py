@@ -27,11 +27,11 @@ from typing import Any
 import pytest
 import requests
 
-from gateway import discovery, dnsclient
-from gateway.cluster import Cluster
-from gateway.config import Address, DnsDiscovery, HealthCheck, LoadBalancing, UpstreamConfig
-from gateway.confignode import ConfigError
-from gateway.counters import Counters, Event
+from gateway.config.model import Address, DnsDiscovery, HealthCheck, LoadBalancing, UpstreamConfig
+from gateway.config.node import ConfigError
+from gateway.dataplane.cluster import discovery, dnsclient
+from gateway.dataplane.cluster.cluster import Cluster
+from gateway.observability.counters import Counters, Event
 from peers.echo_gateway import upstream_state
 from peers.fake_upstream import FakeFleet
 from support import (
@@ -456,8 +456,8 @@ async def test_consistent_hash_spreads_over_discovered_addresses(monkeypatch: py
 
 
 def test_a_discovered_http_client_presents_the_name() -> None:
-    from gateway.tls import HttpClientTls
-    from gateway.upstream_http import UpstreamHttp
+    from gateway.runtime.tls import HttpClientTls
+    from gateway.transport.http_client.pool import UpstreamHttp
 
     pool = UpstreamHttp(Address("127.0.0.2", 8000, NAME), HttpClientTls(), "u", max_response=1 << 20)
     assert f"Host: {NAME}:8000\r\n" in pool._fixed_head

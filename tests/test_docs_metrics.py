@@ -9,7 +9,7 @@ import re
 
 from prometheus_client import CollectorRegistry
 
-from gateway.metrics import GatewayMetrics
+from gateway.observability.metrics import GatewayMetrics
 from support import REPO
 
 # Sample suffixes a family's series carry in the exposition format.

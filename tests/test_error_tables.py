@@ -18,11 +18,11 @@ import grpc
 import orjson
 import pytest
 
-from gateway.errors import GATEWAY_ONLY_KINDS, ErrorKind, ErrorTable, GatewayError
-from gateway.http.frontend import HttpFrontend
+from gateway.core.errors import GATEWAY_ONLY_KINDS, ErrorKind, ErrorTable, GatewayError
 from gateway.protocols import registry
 from gateway.protocols.base import Frontend, UpstreamClient
 from gateway.protocols.graphstorm import codec as graphstorm
+from gateway.protocols.http_frontend import HttpFrontend
 from gateway.protocols.umbridge import codec as umbridge
 from gateway.protocols.v1_rest import codec as v1_rest
 from gateway.protocols.v1_rest import upstream_codec as v1_rest_upstream

@@ -21,8 +21,8 @@ import pytest
 import tritonclient.grpc as grpcclient
 from stream_client import Stream, final_flag, repeat_inputs
 
+from gateway.core.types import Tensor, TensorSpec
 from gateway.protocols.v2_rest.flat import encode_flat_request, flat_answer_items
-from gateway.types import Tensor, TensorSpec
 from peers.threaded_http import ThreadedStandin
 from support import GatewayProcess, write_config
 

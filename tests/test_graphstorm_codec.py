@@ -12,20 +12,20 @@ import orjson
 import pytest
 from graphstorm_payloads import DATA, MOVIELENS_SCHEMA, changed, large_movielens, load, movielens, uid
 
-from gateway.builtin.gnn import GnnModel, GnnSettings
-from gateway.config import load_config, parse_config
-from gateway.confignode import ConfigError
-from gateway.errors import ErrorKind, GatewayError
-from gateway.graphtensors import (
+from gateway.app.configure import load_config, parse_config
+from gateway.config.node import ConfigError
+from gateway.core.errors import ErrorKind, GatewayError
+from gateway.core.graphtensors import (
     EDGE_TASKS,
     NODE_TASKS,
     GraphTensors,
 )
+from gateway.core.types import InferRequest, Tensor
+from gateway.protocols.builtin.gnn import GnnModel, GnnSettings
 from gateway.protocols.graphstorm import codec, errors
 from gateway.protocols.graphstorm.frontend import RouteOptions, route_options
 from gateway.protocols.graphstorm.payload import Invocation
 from gateway.protocols.graphstorm.schema import GraphSchema, parse_schema
-from gateway.types import InferRequest, Tensor
 
 SCHEMA = parse_schema(json.loads(MOVIELENS_SCHEMA.read_text()), str(MOVIELENS_SCHEMA), [])
 ALL_TASKS = NODE_TASKS + EDGE_TASKS

@@ -26,9 +26,9 @@ import orjson
 import pytest
 
 import gateway
+from gateway.core.types import InferResponse, Tensor
 from gateway.protocols.v2_grpc import codec
 from gateway.protocols.v2_grpc.backend import STREAMED_MIN_BYTES
-from gateway.types import InferResponse, Tensor
 from peers.grpc_standin import GrpcStandin
 from support import InProcessGateway
 

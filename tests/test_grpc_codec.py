@@ -8,10 +8,10 @@ import grpc
 import numpy as np
 import pytest
 
-from gateway.errors import ErrorKind, GatewayError
+from gateway.core.errors import ErrorKind, GatewayError
+from gateway.core.types import InferRequest, InferResponse, RequestedOutput, Tensor
 from gateway.protocols.v2_grpc import codec
 from gateway.protocols.v2_grpc import messages as pb
-from gateway.types import InferRequest, InferResponse, RequestedOutput, Tensor
 
 MAX = 1 << 20
 

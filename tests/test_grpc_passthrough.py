@@ -17,9 +17,9 @@ import grpc
 import numpy as np
 import pytest
 
+from gateway.core.types import InferRequest, InferResponse, RequestedOutput, Tensor
 from gateway.protocols.v2_grpc import codec
 from gateway.protocols.v2_grpc import messages as pb
-from gateway.types import InferRequest, InferResponse, RequestedOutput, Tensor
 from peers.grpc_standin import GrpcStandin
 from support import InProcessGateway
 

@@ -23,9 +23,9 @@ import tritonclient.grpc.aio as aioclient
 from stream_client import Stream, final_flag, repeat_inputs
 from tritonclient.utils import InferenceServerException
 
+from gateway.core.types import InferRequest, Tensor
 from gateway.protocols.v2_grpc import codec
 from gateway.protocols.v2_grpc import messages as pb
-from gateway.types import InferRequest, Tensor
 from peers.mlserver import MLServerPeer
 from support import REPO, GatewayProcess, metric_value, scrape_metrics, wait_for, write_config
 

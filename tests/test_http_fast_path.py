@@ -1,4 +1,4 @@
-"""The fast HTTP/1.1 path (gateway/http/fast.py) over real sockets: which
+"""The fast HTTP/1.1 path (gateway/transport/http_server/fast.py) over real sockets: which
 requests it serves and which it hands to the aiohttp app on the same port,
 pipelining across that hand-over, keep-alive, `Expect`, HEAD, chunked
 bodies, a slow reader, and the same answers as the aiohttp path gives.
@@ -356,8 +356,8 @@ async def test_a_handler_answer_that_is_not_bytes_is_a_500_not_a_hung_client(
     answer: the protocol's 500, and the connection goes on serving."""
     import asyncio
 
-    from gateway.http.exchange import HttpReply
     from gateway.protocols.v2_rest.frontend import V2RestFrontend
+    from gateway.transport.http_server.exchange import HttpReply
     from support import BUILTIN_REST_CONFIG, InProcessGateway
 
     async def broken(self: V2RestFrontend, request: object) -> HttpReply:

@@ -1,7 +1,8 @@
 """The package tree's rules as tests (docs/architecture.md, "Package tree"):
 no protocol imports another, nothing outside a protocol's package imports
-more of it than the registry hands out, and imports run one way (no
-loops, counting imports made only for type checking or inside functions)."""
+more of it than the registry hands out, imports run one way (no loops), and
+only down the layer table: a module imports its own layer and the layers
+below it. Imports made only for type checking or inside functions count."""
 
 from __future__ import annotations
 
@@ -12,8 +13,16 @@ from support import REPO
 
 GATEWAY = REPO / "gateway"
 # What protocols share, and how the rest of the gateway reaches them.
-NEUTRAL = frozenset({"gateway.protocols", "gateway.protocols.base", "gateway.protocols.upstream",
-                     "gateway.protocols.registry"})
+NEUTRAL = frozenset({"gateway.protocols", "gateway.protocols.base", "gateway.protocols.http_frontend",
+                     "gateway.protocols.registry", "gateway.protocols.triton"})
+
+# The layers, lowest first: gateway.<layer>.*; a module may import its own
+# layer and those below it. The package itself (its version) is core, and
+# ``python -m gateway`` (gateway/__main__.py) is the app.
+LAYERS = ("core", "config", "observability", "runtime", "transport", "dataplane", "protocols", "app")
+# Beside the order: the data plane speaks canonical types only, so it imports
+# no transport though it sits above it (the app hands it what it needs).
+APART = frozenset({("dataplane", "transport")})
 
 
 def _module_name(path: Path) -> str:
@@ -55,6 +64,74 @@ def test_no_protocol_is_imported_from_outside_its_package() -> None:
             if owner is not None and owner != _protocol_of(module):
                 wrong.append(f"{module} imports {imported}")
     assert not wrong, "\n".join(sorted(wrong))
+
+
+def _layer(module: str) -> int:
+    if module == "gateway":
+        return 0
+    if module == "gateway.__main__":
+        return len(LAYERS) - 1
+    return LAYERS.index(module.split(".")[1])
+
+
+def _target(imported: str, known: dict[str, Path]) -> str:
+    """The module an import names (``from gateway.x import name``: gateway.x)."""
+    while imported and imported not in known:
+        imported = imported.rpartition(".")[0]
+    return imported
+
+
+def _upward(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
+    """(importer, imported) pairs where a lower layer imports a higher one."""
+    return {(module, imported) for module, targets in graph.items() for imported in targets
+            if _layer(imported) > _layer(module)}
+
+
+def _graph(known: dict[str, Path]) -> dict[str, set[str]]:
+    return {module: {_target(imported, known) for imported in _imports(path, known)} - {module, ""}
+            for module, path in known.items()}
+
+
+def test_every_imported_gateway_module_is_in_this_tree() -> None:
+    """A module that moved must be imported by its new name everywhere: an
+    editable install elsewhere would otherwise quietly serve the old one."""
+    known = _modules()
+    sources = [*GATEWAY.rglob("*.py"), *(REPO / "tests").rglob("*.py"), *(REPO / "bench").rglob("*.py")]
+    missing = sorted(f"{path.relative_to(REPO)} imports {imported}" for path in sources
+                     if "generated" not in path.parts and "data" not in path.relative_to(REPO).parts
+                     for imported in _imports(path, known)
+                     if imported not in known and ".generated" not in imported)
+    assert not missing, "\n".join(missing)
+
+
+def test_every_module_is_in_a_layer() -> None:
+    outside = [module for module in _modules() if module not in ("gateway", "gateway.__main__")
+               and module.split(".")[1] not in LAYERS]
+    assert not outside, "modules outside the layer table: " + ", ".join(sorted(outside))
+
+
+def test_imports_only_go_down_the_layers() -> None:
+    found = sorted(_upward(_graph(_modules())))
+    assert not found, "upward imports: " + "; ".join(f"{a} imports {b}" for a, b in found)
+
+
+def test_the_data_plane_imports_no_transport() -> None:
+    found = sorted((module, imported) for module, targets in _graph(_modules()).items() for imported in targets
+                   if (module.split(".")[1:2] + imported.split(".")[1:2]) in [list(pair) for pair in APART])
+    assert not found, "; ".join(f"{a} imports {b}" for a, b in found)
+
+
+def test_the_layer_rule_finds_a_planted_upward_import(tmp_path: Path) -> None:
+    """The tests above pass on an empty answer: the finder must see one, in a
+    function and under TYPE_CHECKING alike."""
+    planted = tmp_path / "planted.py"
+    planted.write_text("from typing import TYPE_CHECKING\n"
+                       "if TYPE_CHECKING:\n    from gateway.app.server import Gateway\n"
+                       "def later() -> None:\n    from gateway.dataplane import routing\n")
+    known = _modules()
+    graph = {"gateway.core.planted": {_target(name, known) for name in _imports(planted, known)}}
+    assert _upward(graph) == {("gateway.core.planted", "gateway.app.server"),
+                              ("gateway.core.planted", "gateway.dataplane.routing")}
 
 
 def test_imports_have_no_loops() -> None:

@@ -1,4 +1,4 @@
-"""The fast JSON reader (gateway/tensors.py, read_json_fast) against orjson:
+"""The fast JSON reader (gateway/core/tensors.py, read_json_fast) against orjson:
 for any body, decoding with it gives the same tensors, bit for bit, or the
 same error as decoding with orjson alone. The size threshold is lowered
 so that small generated bodies take the fast path."""
@@ -17,10 +17,11 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from test_codec_properties import Pairs, bodies, hostile_v2_json
 
-from gateway import tensors
-from gateway.config import Limits
+from gateway.config.model import Limits
+from gateway.core import tensors
+from gateway.core.errors import ErrorKind, GatewayError
+from gateway.core.types import DATATYPES
 from gateway.protocols.v2_rest import codec
-from gateway.types import DATATYPES
 
 LIMITS = Limits()
 MAX = LIMITS.max_tensor_elements
@@ -244,3 +245,33 @@ def test_a_parser_left_with_live_proxies_is_replaced() -> None:
     assert tensors._kept_parser() is not parser
     del alive
     assert tensors.read_json_fast(body, tensors.plain) is not None
+
+
+# Values at each datatype's edges, and what no datatype takes.
+_EDGE_VALUES = [0, 1, -1, 127, 128, -129, 255, 256, 2 ** 31, -(2 ** 31) - 1, 2 ** 32, 2 ** 53, 2 ** 53 + 1,
+                2 ** 63 - 1, 2 ** 63, -(2 ** 63) - 1, 2 ** 64, 0.5, -0.0, 16777217.0, 3.4028235e38, 3.4028236e38,
+                1e308, float("nan"), float("inf"), True, False, None, "1"]
+
+
+@settings(max_examples=3000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(sorted(DATATYPES - {"BYTES"})),
+       st.lists(st.one_of(st.sampled_from(_EDGE_VALUES), st.integers(), st.floats()), min_size=1, max_size=6))
+def test_small_lists_are_checked_as_numpy_checks_them(datatype: str, data: list[Any]) -> None:
+    """Small flat lists take a check without numpy's reductions: the same
+    array, bit for bit, or the same error as the general path; checked only
+    (an answer relayed as its bytes), they pass or fail alike."""
+    def read(small_max: int, reader: Any = tensors.array_from_json) -> Any:
+        original = tensors._SMALL_LIST_MAX
+        tensors._SMALL_LIST_MAX = small_max
+        try:
+            array = reader(data, datatype, (len(data),), len(data), "input 'x'")
+            return array.dtype, array.shape, array.tobytes()
+        except GatewayError as error:
+            return error.kind, error.message
+        finally:
+            tensors._SMALL_LIST_MAX = original
+
+    general = read(0)
+    assert read(1024) == general
+    checked = read(1024, tensors.check_json_data)
+    assert checked == general or (checked[0] == general[0] and not isinstance(general[0], ErrorKind))

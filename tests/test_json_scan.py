@@ -1,4 +1,4 @@
-"""The chunked JSON scan (gateway/limits.py) against a character-by-character
+"""The chunked JSON scan (gateway/core/limits.py) against a character-by-character
 reference, for every chunk boundary; and the offload pool's promises."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway import limits
-from gateway.limits import JsonShape, scan_json
-from gateway.offload import Offloader
+from gateway.core import limits
+from gateway.core.limits import JsonShape, scan_json
+from gateway.runtime.offload import Offloader
 
 
 def reference(text: str) -> JsonShape:

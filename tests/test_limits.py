@@ -463,8 +463,9 @@ def test_deep_bytes_data_decodes_without_recursion() -> None:
 
 
 def test_limits_config_defaults_and_problems() -> None:
-    from gateway.config import Limits, parse_config
-    from gateway.confignode import ConfigError
+    from gateway.app.configure import parse_config
+    from gateway.config.model import Limits
+    from gateway.config.node import ConfigError
 
     base = {"listeners": [], "upstreams": [], "routes": []}
     limits = parse_config({**base, "limits": {"max_bytes_element": "2KiB", "body_timeout": "500ms"}}).limits

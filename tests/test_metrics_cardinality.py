@@ -21,7 +21,7 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.grpc import service_pb2
 
-from gateway.metrics import LATENCY_BUCKETS
+from gateway.observability.metrics import LATENCY_BUCKETS
 from support import SIMPLE_INFER_REQUEST, GatewayProcess, wait_for, write_config
 
 # Buckets, +Inf, _sum and _count: the documented cost of one latency histogram.

@@ -37,7 +37,7 @@ from support import JSON_ACCESS_LOG_CONFIG, REPO, SIMPLE_INFER_REQUEST, GatewayP
 # The embedded default configuration (all four listeners, builtin models),
 # every address on loopback port 0.
 CONFIG = re.sub(r'address: "[0-9.]+:[0-9]+"', 'address: "127.0.0.1:0"',
-                (REPO / "gateway/default_config.yaml").read_text())
+                (REPO / "gateway/config/default.yaml").read_text())
 PROTOCOLS = {"rest": "v2-rest", "grpc": "v2-grpc", "umbridge": "umbridge", "graphstorm": "graphstorm"}
 TRACEPARENT = "00-5bf92f3577b34da6a3ce929d0e0e4737-00f067aa0ba902b8-01"
 TRACESTATE = "vendor=listeners"

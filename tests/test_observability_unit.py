@@ -11,16 +11,18 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.accesslog import AccessLog, _ms, _ms_text, _plain
-from gateway.config import AccessLogConfig, parse_config
-from gateway.configview import REDACTED, effective_config
-from gateway.errors import ErrorKind, GatewayError
-from gateway.metrics import OTHER_MODEL, UNKNOWN_MODEL, GatewayMetrics
-from gateway.observe import RequestRecord, accept_request_id, accept_traceparent, accept_tracestate
-from gateway.proxy import DataPlane
-from gateway.server import build_metrics
-from gateway.services import GatewayServices
-from gateway.types import InferRequest, RequestContext
+from gateway.app.configure import parse_config
+from gateway.app.server import build_metrics
+from gateway.config.model import AccessLogConfig
+from gateway.config.view import REDACTED, effective_config
+from gateway.core.errors import ErrorKind, GatewayError
+from gateway.core.record import RequestRecord, accept_request_id, accept_traceparent, accept_tracestate
+from gateway.core.types import InferRequest, RequestContext
+from gateway.dataplane.plane import DataPlane
+from gateway.observability.accesslog import AccessLog, _ms, _ms_text, _plain
+from gateway.observability.metrics import OTHER_MODEL, UNKNOWN_MODEL, GatewayMetrics
+from gateway.protocols import registry
+from gateway.runtime.services import GatewayServices
 
 VALID_TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
@@ -179,7 +181,7 @@ async def test_dataplane_fills_the_record_and_counts_timeouts() -> None:
     config = parse_config(ROUTED_CONFIG)
     metrics = build_metrics(config, "test")
     services = GatewayServices(config, config.server, metrics=metrics)
-    dataplane = DataPlane(config, services)
+    dataplane = DataPlane(config, services, backends=registry.backend)
     client = dataplane.clusters["local"].clients[0]
 
     async def slow(request: InferRequest, ctx: RequestContext) -> None:
@@ -293,7 +295,7 @@ def test_effective_config_redacts_secrets() -> None:
 
 
 def test_redaction_covers_tls_keys_tokens_and_unknown_objects() -> None:
-    from gateway.configview import _plain
+    from gateway.config.view import _plain
 
     class Opaque:
         password = "hunter2"
@@ -309,7 +311,7 @@ def test_a_worker_file_being_created_is_a_torn_read_and_a_scrape_waits_it_out(tm
     from prometheus_client import generate_latest
     from prometheus_client.multiprocess import MultiProcessCollector
 
-    from gateway.metrics import TORN_READ_ERRORS, render_settled
+    from gateway.observability.metrics import TORN_READ_ERRORS, render_settled
 
     # A worker that has just opened its file but not sized it yet: a bare scrape fails.
     (tmp_path / "counter_4242.db").write_bytes(b"")

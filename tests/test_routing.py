@@ -11,10 +11,18 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.config import RouteConfig, RouteMatch, StringMatch, parse_config
-from gateway.confignode import ConfigError
+from gateway.app.configure import parse_config
+from gateway.config.model import RouteConfig, RouteMatch, StringMatch
+from gateway.config.node import ConfigError
+from gateway.dataplane.routing import (
+    RouteTable,
+    build_route,
+    match_covers,
+    route_match_covers,
+    shadow_warnings,
+    shadowed_routes,
+)
 from gateway.protocols import registry
-from gateway.routing import RouteTable, build_route, match_covers, route_match_covers, shadow_warnings, shadowed_routes
 
 
 @pytest.fixture(autouse=True)
@@ -34,7 +42,7 @@ upstreams:
 
 
 def table(routes: str) -> RouteTable:
-    return RouteTable(parse_config(yaml.safe_load(HEAD + "routes:\n" + routes)))
+    return RouteTable(parse_config(yaml.safe_load(HEAD + "routes:\n" + routes)), registry.framing_headers())
 
 
 def problems(text: str) -> list[str]:

@@ -20,10 +20,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from security_support import BUILTIN_BACKEND, write_token
 
-from gateway.auth import Authenticator, CredentialConfig, SecretRef
-from gateway.config import parse_config
-from gateway.confignode import ConfigError
+from gateway.app.configure import parse_config
+from gateway.config.auth import CredentialConfig, SecretRef
+from gateway.config.node import ConfigError
 from gateway.protocols.v2_grpc import messages as pb
+from gateway.runtime.auth import Authenticator
 from support import InProcessGateway
 
 TOKENS = ("first-token-A1", "second-token-with-another-length-B2")  # two accepted: rotation

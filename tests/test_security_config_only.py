@@ -23,12 +23,12 @@ from graphstorm_payloads import movielens
 from security_support import BUILTIN_BACKEND
 from yarl import URL
 
-from gateway.admin import build_admin_app, is_loopback
-from gateway.config import load_config
-from gateway.errors import GatewayError
-from gateway.modelnames import MAX_MODEL_NAME_CHARS, check_model
+from gateway.app.admin import build_admin_app, is_loopback
+from gateway.app.configure import load_config
+from gateway.app.server import Gateway
+from gateway.core.errors import GatewayError
+from gateway.core.modelnames import MAX_MODEL_NAME_CHARS, check_model
 from gateway.protocols.v2_grpc import messages as pb
-from gateway.server import Gateway
 from support import SIMPLE_INFER_REQUEST, InProcessGateway, parse_yaml_config
 
 UPSTREAM = """

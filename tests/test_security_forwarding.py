@@ -19,7 +19,7 @@ import requests
 from graphstorm_payloads import TARGET_MODEL, movielens
 from http_wire import exchange
 
-from gateway.confignode import ConfigError
+from gateway.config.node import ConfigError
 from gateway.protocols.v2_grpc import messages as pb
 from peers.recording_upstream import RecordingUpstream
 from support import GatewayProcess, parse_yaml_config, write_config

@@ -19,8 +19,8 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from gateway.affinity import SequencePins, sequence_step
-from gateway.config import SequenceAffinity
+from gateway.config.model import SequenceAffinity
+from gateway.dataplane.affinity import SequencePins, sequence_step
 from support import Clock, GatewayProcess, scrape_metrics, wait_for, write_config
 
 EXAMPLES = Path(__file__).resolve().parent / "data" / "triton_examples"

@@ -15,14 +15,15 @@ import tritonclient.http as httpclient
 import yaml
 from tritonclient.utils import InferenceServerException
 
-from gateway.budget import InflightBudget
-from gateway.builtin.sequences import DynaSequence, SequenceModel, SequenceSettings, StringDynaSequence
-from gateway.config import parse_config
-from gateway.confignode import ConfigError
-from gateway.errors import ErrorKind, GatewayError, Saturated
-from gateway.proxy import DataPlane
-from gateway.services import GatewayServices
-from gateway.types import InferRequest, RequestContext, Tensor
+from gateway.app.configure import parse_config
+from gateway.config.node import ConfigError
+from gateway.core.errors import ErrorKind, GatewayError, Saturated
+from gateway.core.types import InferRequest, RequestContext, Tensor
+from gateway.dataplane.plane import DataPlane
+from gateway.protocols import registry
+from gateway.protocols.builtin.sequences import DynaSequence, SequenceModel, SequenceSettings, StringDynaSequence
+from gateway.runtime.budget import InflightBudget
+from gateway.runtime.services import GatewayServices
 from support import Clock, GatewayProcess, write_config
 
 EXAMPLES = Path(__file__).resolve().parent / "data" / "triton_examples"
@@ -216,7 +217,7 @@ routes:
 """
     config = parse_config(yaml.safe_load(text % "60s"))
     services = GatewayServices(config, config.server)
-    plane = DataPlane(config, services)
+    plane = DataPlane(config, services, backends=registry.backend)
     await plane.start()
     try:
         async def start(sequence: str) -> None:

@@ -26,7 +26,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from stream_client import Stream, final_flag, repeat_inputs
 
-from gateway.http.sse import SseError, SseEvent, SseParser, encode_event, parse_events
+from gateway.transport.http_server.sse import SseError, SseEvent, SseParser, encode_event, parse_events
 from peers.echo_gateway import upstream_state
 from peers.mlserver import MLServerPeer
 from support import GatewayProcess, free_port, metric_value, scrape_metrics, wait_for, write_config
@@ -100,7 +100,7 @@ routes:
         yield gw
 
 
-# --- the SSE parser (gateway/http/sse.py) ------------------------------------------------
+# --- the SSE parser (gateway/transport/http_server/sse.py) ------------------------------------------------
 
 
 @pytest.mark.parametrize("data", [b'{"a": 1}', b"", b"two\nlines", b"crlf\r\nand cr\rend", b": not a comment"])

@@ -19,8 +19,8 @@ import pytest
 import requests
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from gateway.config import parse_config
-from gateway.confignode import ConfigError
+from gateway.app.configure import parse_config
+from gateway.config.node import ConfigError
 from support import BUILTIN_REST_CONFIG, SIMPLE_INFER_REQUEST, GatewayProcess, wait_for, write_config
 
 CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"

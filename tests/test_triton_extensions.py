@@ -20,7 +20,7 @@ import tritonclient.http as httpclient
 from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
-from gateway.extensions import DEFAULT_EXTENSIONS
+from gateway.config.extensions import DEFAULT_EXTENSIONS
 from support import GatewayProcess, free_port, wait_for, write_config
 
 LABELS = [f"class-{i}" for i in range(16)]

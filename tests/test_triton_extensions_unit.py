@@ -9,16 +9,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gateway.confignode import ConfigError
-from gateway.errors import ErrorKind, GatewayError
-from gateway.extensions import DEFAULT_EXTENSIONS
-from gateway.extensions.classification import classify, requested, without_parameter
-from gateway.extensions.labels import ClassificationConfig
-from gateway.extensions.modelconfig import SYNTHESIZED_PARAMETER, UNKNOWN_MAX_BATCH_SIZE, batches, synthesize
-from gateway.extensions.statistics import StatisticsStore, batch_size
-from gateway.observe import RequestRecord
-from gateway.tensors import float_to_bf16
-from gateway.types import InferRequest, ModelMetadata, RequestedOutput, Tensor, TensorSpec
+from gateway.config.classification import ClassificationConfig
+from gateway.config.extensions import DEFAULT_EXTENSIONS
+from gateway.config.node import ConfigError
+from gateway.core.errors import ErrorKind, GatewayError
+from gateway.core.record import RequestRecord
+from gateway.core.tensors import float_to_bf16
+from gateway.core.types import InferRequest, ModelMetadata, RequestedOutput, Tensor, TensorSpec
+from gateway.observability.statistics import StatisticsStore, batch_size
+from gateway.protocols.triton.classification import classify, requested, without_parameter
+from gateway.protocols.triton.modelconfig import SYNTHESIZED_PARAMETER, UNKNOWN_MAX_BATCH_SIZE, batches, synthesize
 from support import parse_yaml_config
 
 # --- classification -------------------------------------------------------------
@@ -191,7 +191,7 @@ def test_server_extensions_default_to_all_and_reject_unknown_names() -> None:
 
 
 def test_label_files_are_checked_when_the_config_loads(tmp_path: Path) -> None:
-    from gateway.config import load_config
+    from gateway.app.configure import load_config
 
     (tmp_path / "labels.txt").write_text("cat\ndog\n")
     path = tmp_path / "gateway.yaml"
@@ -250,7 +250,7 @@ def test_config_that_does_not_fit_is_a_bad_upstream_answer() -> None:
 def test_statistics_and_index_messages_parse_with_tritonclient() -> None:
     from tritonclient.grpc import service_pb2
 
-    from gateway.extensions.repository import IndexEntry
+    from gateway.protocols.triton.repository import IndexEntry
     from gateway.protocols.v2_grpc import extensions
 
     store = StatisticsStore(clock=lambda: 2.0)

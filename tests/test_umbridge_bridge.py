@@ -13,15 +13,10 @@ import numpy as np
 import pytest
 from trig_reference import POINTS, TRIG_SLICES, hessian_action, trig_jacobians, trig_second
 
-from gateway.config import parse_config
-from gateway.confignode import ConfigError
-from gateway.errors import ErrorKind, GatewayError
-from gateway.protocols.umbridge.bridge import Bridge
-from gateway.protocols.umbridge.mapping import Slot, build_view, to_datatype
-from gateway.protocols.umbridge.options import FiniteDifferences, RouteOptions
-from gateway.proxy import DataPlane
-from gateway.services import GatewayServices
-from gateway.types import (
+from gateway.app.configure import parse_config
+from gateway.config.node import ConfigError
+from gateway.core.errors import ErrorKind, GatewayError
+from gateway.core.types import (
     DERIVATIVE_OPERATION,
     Derivative,
     InferRequest,
@@ -31,6 +26,12 @@ from gateway.types import (
     Tensor,
     TensorSpec,
 )
+from gateway.dataplane.plane import DataPlane
+from gateway.protocols import registry
+from gateway.protocols.umbridge.bridge import Bridge
+from gateway.protocols.umbridge.mapping import Slot, build_view, to_datatype
+from gateway.protocols.umbridge.options import FiniteDifferences, RouteOptions
+from gateway.runtime.services import GatewayServices
 
 CONFIG = """
 listeners: [{name: umb, protocol: umbridge, address: "127.0.0.1:0"}]
@@ -42,7 +43,7 @@ routes: [{match: {model: "*"}, upstream: local}]
 @pytest.fixture
 async def dataplane() -> Any:
     config = parse_config(__import__("yaml").safe_load(CONFIG))
-    plane = DataPlane(config, GatewayServices(config, config.server))
+    plane = DataPlane(config, GatewayServices(config, config.server), backends=registry.backend)
     await plane.start()
     yield plane
     await plane.close()

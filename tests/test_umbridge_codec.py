@@ -9,9 +9,9 @@ import numpy as np
 import orjson
 import pytest
 
-from gateway.errors import ErrorKind, GatewayError
+from gateway.core.errors import ErrorKind, GatewayError
+from gateway.core.types import Derivative
 from gateway.protocols.umbridge import codec
-from gateway.types import Derivative
 
 
 @pytest.mark.parametrize("kind", list(ErrorKind))

@@ -19,7 +19,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from gateway.errors import CONNECT_FAILURE, CONNECTION_RESET, ErrorKind, UpstreamFailure
+from gateway.core.errors import CONNECT_FAILURE, CONNECTION_RESET, ErrorKind, UpstreamFailure
 from gateway.protocols.v2_grpc.codec import decode_error
 from peers.echo_gateway import rest_base, until, upstream_state
 from peers.load import assert_all_answered, run_load

@@ -1,4 +1,4 @@
-"""The upstream HTTP transport (gateway/upstream_http.py) over real sockets,
+"""The upstream HTTP transport (gateway/transport/http_client/pool.py) over real sockets,
 against raw HTTP servers in the test (every byte they write is chosen
 here), on asyncio's loop and on uvloop (the gateway's)."""
 
@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 import uvloop
 
-from gateway.config import Address
-from gateway.errors import CONNECT_FAILURE, CONNECTION_RESET, ErrorKind, GatewayError, UpstreamFailure
-from gateway.tls import HttpClientTls
-from gateway.upstream_http import UpstreamHttp
+from gateway.config.model import Address
+from gateway.core.errors import CONNECT_FAILURE, CONNECTION_RESET, ErrorKind, GatewayError, UpstreamFailure
+from gateway.runtime.tls import HttpClientTls
+from gateway.transport.http_client.pool import UpstreamHttp
 
 LIMIT = 1 << 20
 

@@ -10,11 +10,11 @@ import numpy as np
 import orjson
 import pytest
 
-from gateway.errors import ErrorKind, GatewayError
-from gateway.limits import TensorBudget
+from gateway.core.errors import ErrorKind, GatewayError
+from gateway.core.limits import TensorBudget
+from gateway.core.tensors import float_to_bf16
+from gateway.core.types import Tensor, TensorSpec
 from gateway.protocols.v1_rest import codec, upstream_codec
-from gateway.tensors import float_to_bf16
-from gateway.types import Tensor, TensorSpec
 
 SPECS = (TensorSpec("a", "INT32", (-1, 2)), TensorSpec("b", "BYTES", (-1,)))
 

@@ -24,15 +24,16 @@ import umbridge
 from aiohttp import web
 from tritonclient.utils import InferenceServerException
 
-from gateway.config import parse_address, parse_config
-from gateway.confignode import ConfigError, Node
-from gateway.errors import ErrorKind, GatewayError
+from gateway.app.configure import parse_config
+from gateway.config.model import parse_address
+from gateway.config.node import ConfigError, Node
+from gateway.core.errors import ErrorKind, GatewayError
+from gateway.core.types import ExtensionRequest, InferRequest, RawPayload, RequestContext, Tensor, TensorSpec
 from gateway.protocols.v1_rest import EXPLAIN_OPERATION
 from gateway.protocols.v1_rest import upstream_codec as codec
 from gateway.protocols.v1_rest.backend import V1RestClient
 from gateway.protocols.v1_rest.upstream_options import COLUMNAR, ROW, V1UpstreamOptions
-from gateway.services import GatewayServices
-from gateway.types import ExtensionRequest, InferRequest, RawPayload, RequestContext, Tensor, TensorSpec
+from gateway.runtime.services import GatewayServices
 from peers.kserve import KServePeer, kserve  # noqa: F401 - the session-wide KServe fixture
 from peers.kserve import ensure_venv as kserve_python
 from support import GatewayProcess, write_config

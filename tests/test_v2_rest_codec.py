@@ -10,10 +10,10 @@ import numpy as np
 import orjson
 import pytest
 
-from gateway import tensors
-from gateway.errors import GatewayError
+from gateway.core import tensors
+from gateway.core.errors import GatewayError
+from gateway.core.types import DATATYPES, NUMPY_DTYPES, InferRequest, InferResponse, RequestedOutput, Tensor
 from gateway.protocols.v2_rest import codec
-from gateway.types import DATATYPES, NUMPY_DTYPES, InferRequest, InferResponse, RequestedOutput, Tensor
 
 GOLDEN = Path(__file__).parent / "golden" / "v2_rest"
 MAX = 1 << 31

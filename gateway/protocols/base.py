@@ -3,7 +3,7 @@ may ask of the data plane.
 
 A *frontend* owns one listener: it decodes its wire format into canonical
 requests, hands them to the data plane (:class:`DataPlaneApi`, which
-gateway.proxy.DataPlane implements) and encodes the answers (or errors)
+gateway.dataplane.plane.DataPlane implements) and encodes the answers (or errors)
 back. An *upstream client* talks to one endpoint of an upstream cluster in
 that upstream's protocol. Nothing here imports the data plane or the
 server: they import this.
@@ -13,34 +13,25 @@ from __future__ import annotations
 
 import abc
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from gateway.auth import AUTHORIZATION, credential_headers
-from gateway.confignode import Node
-from gateway.errors import unsupported
-from gateway.tls import CLIENT_AUTH_MODES
-from gateway.types import InferRequest, InferResponse, ModelMetadata, RequestContext
+from gateway.config.auth import AUTHORIZATION
+from gateway.config.node import Node
+from gateway.config.tls import CLIENT_AUTH_MODES
+from gateway.core.contracts import StreamedResponse
+from gateway.core.errors import unsupported
+from gateway.core.types import InferRequest, InferResponse, ModelMetadata, RequestContext
+from gateway.runtime.auth import credential_headers
 
 if TYPE_CHECKING:
-    from gateway.config import Address, GatewayConfig, ListenerConfig, UpstreamConfig
-    from gateway.routing import Route, RouteTable
-    from gateway.services import GatewayServices
-
-
-@dataclass(slots=True)
-class StreamedResponse:
-    """One response of a streamed request. ``final``: the upstream said no
-    more follow (a unary answer is final; a decoupled upstream may instead
-    just end its stream after responses that were not)."""
-
-    response: InferResponse
-    final: bool = False
+    from gateway.config.model import Address, GatewayConfig, ListenerConfig, UpstreamConfig
+    from gateway.dataplane.routing import Route, RouteTable
+    from gateway.runtime.services import GatewayServices
 
 
 class DataPlaneApi(Protocol):
-    """The data plane as frontends see it (gateway/proxy.py has the policy:
+    """The data plane as frontends see it (gateway/dataplane/plane.py has the policy:
     routing, rewrites, retries, mirrors)."""
 
     draining: bool  # set while the gateway drains: answers ask clients to close
@@ -118,8 +109,8 @@ class Frontend(abc.ABC):
     async def stop(self, grace: float) -> None:
         """Stop accepting, let in-flight requests finish within ``grace`` s."""
 
-    # The listener's TLS material (a gateway.tls.ServerTls) and token
-    # checker (gateway.auth.Authenticator), when it has them: set at start.
+    # The listener's TLS material (a gateway.runtime.tls.ServerTls) and token
+    # checker (gateway.runtime.auth.Authenticator), when it has them: set at start.
     _tls: Any = None
     _authenticator: Any = None
 
@@ -134,9 +125,10 @@ class Frontend(abc.ABC):
 
 
 class UpstreamClient(abc.ABC):
-    """Speaks an upstream's protocol to one endpoint (or in-process)."""
+    """Speaks an upstream's protocol to one endpoint (or in-process); a
+    gateway.core.contracts.Backend, the data plane's view of it."""
 
-    # Operations call_extension answers (names in gateway.types); callers
+    # Operations call_extension answers (names in gateway.core.types); callers
     # ask DataPlane.offers before promising them to a client.
     extensions: frozenset[str] = frozenset()
 

@@ -2,7 +2,7 @@
 
 One line per protocol: its name and its package. A package exports what it
 offers as ``FRONTEND`` (a Frontend class), ``BACKEND`` (an UpstreamClient
-class) and ``ERRORS`` (its gateway.errors.ErrorTable), listed in its
+class) and ``ERRORS`` (its gateway.core.errors.ErrorTable), listed in its
 ``__all__`` and imported on first use (:func:`lazy_export`), so a gateway
 that never configures gRPC never imports grpcio and ``gateway check`` stays
 fast.
@@ -16,7 +16,7 @@ from types import ModuleType
 from typing import Any
 
 PROTOCOLS: dict[str, str] = {
-    "builtin": "gateway.builtin",
+    "builtin": "gateway.protocols.builtin",
     "graphstorm": "gateway.protocols.graphstorm",
     "umbridge": "gateway.protocols.umbridge",
     "v1-rest": "gateway.protocols.v1_rest",
@@ -50,11 +50,17 @@ def load(protocol: str, side: str) -> Any:
     return getattr(_package(protocol), EXPORTS[side])
 
 
+def backend(protocol: str) -> Any:
+    """A protocol's backend class (what the app hands the data plane's
+    clusters); KeyError if it has none."""
+    return load(protocol, "backend")
+
+
 def framing_headers() -> tuple[frozenset[str], tuple[str, ...]]:
     """Every protocol's framing headers (its package's ``FRAMING_HEADERS``:
     lower-case names, or prefixes ending in ``*``): the exact names and the
     prefixes. They describe one message's encoding, so no route forwards
-    them (gateway/routing.py)."""
+    them (gateway/dataplane/routing.py)."""
     declared = [name for protocol in PROTOCOLS for name in getattr(_package(protocol), "FRAMING_HEADERS", ())]
     return (frozenset(name for name in declared if not name.endswith("*")),
             tuple(name[:-1] for name in declared if name.endswith("*")))

@@ -4,7 +4,7 @@
 writes its port to PORT_FILE and answers A / AAAA questions from RECORDS, a
 JSON file ``{"name": ["127.0.0.2", ...]}`` read again for every query, so a
 test changes the answer by rewriting it. Unknown names get NXDOMAIN. Written
-apart from gateway/dnsclient.py (no shared code), so the two check each other.
+apart from gateway/dataplane/cluster/dnsclient.py (no shared code), so the two check each other.
 """
 
 from __future__ import annotations

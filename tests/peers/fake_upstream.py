@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from gateway.confignode import Node
+from gateway.config.node import Node
+from gateway.core.types import InferRequest, InferResponse, ModelMetadata, RequestContext, Tensor
 from gateway.protocols.base import UpstreamClient
-from gateway.types import InferRequest, InferResponse, ModelMetadata, RequestContext, Tensor
 
 
 class FakeClient(UpstreamClient):

@@ -23,7 +23,7 @@ def nofile_env(soft: int, hard: int) -> dict[str, str]:
 def main() -> int:
     soft, hard = (int(n) for n in os.environ[NOFILE_ENV].split(":"))
     resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-    from gateway.cli import main as gateway_main
+    from gateway.app.cli import main as gateway_main
 
     return gateway_main()
 

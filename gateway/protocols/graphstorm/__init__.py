@@ -1,6 +1,6 @@
 """GraphStorm real-time inference (gs-realtime-v0.1): listener and upstream
 client; the graph tensor contract they share with GNN models on V2 servers
-is gateway/graphtensors.py."""
+is gateway/core/graphtensors.py."""
 
 from typing import Any
 

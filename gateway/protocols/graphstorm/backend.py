@@ -2,10 +2,10 @@
 container contract, ``POST /invocations``, ``GET /ping``).
 
 Requests that came from a GraphStorm client carry their original bytes
-(:class:`~gateway.types.RawPayload`); those are forwarded unchanged and the
+(:class:`~gateway.core.types.RawPayload`); those are forwarded unchanged and the
 endpoint's answer comes back unchanged, so ``request_uid`` and every
 ``status_code`` are the endpoint's own. Requests from other protocols carry
-the graph as tensors (see ``gateway/graphtensors.py``); they are encoded as
+the graph as tensors (see ``gateway/core/graphtensors.py``); they are encoded as
 a payload and the results decoded back into ``prediction/...`` tensors.
 """
 
@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gateway.confignode import Node
-from gateway.errors import ErrorKind, GatewayError, invalid
-from gateway.graphtensors import (
+from gateway.config.node import Node
+from gateway.core.errors import ErrorKind, GatewayError, invalid
+from gateway.core.graphtensors import (
     CONTRACT,
     CONTRACT_PARAMETER,
     EDGE_TASKS,
@@ -23,11 +23,11 @@ from gateway.graphtensors import (
     TASK_PARAMETER,
     GraphTensors,
 )
+from gateway.core.types import InferRequest, InferResponse, ModelMetadata, RawPayload, RequestContext
 from gateway.protocols.base import UpstreamClient
 from gateway.protocols.graphstorm import codec, errors
-from gateway.tls import http_client_tls
-from gateway.types import InferRequest, InferResponse, ModelMetadata, RawPayload, RequestContext
-from gateway.upstream_http import UpstreamHttp
+from gateway.runtime.tls import http_client_tls
+from gateway.transport.http_client.pool import UpstreamHttp
 
 PROTOCOL = "graphstorm"
 PLATFORM = "graphstorm_realtime"

@@ -20,13 +20,13 @@ from typing import Any
 import numpy as np
 import orjson
 
-from gateway.errors import ErrorKind, GatewayError, bounded
-from gateway.graphtensors import GraphTensors, Relation, output_rows, prediction_name
+from gateway.core.errors import ErrorKind, GatewayError, bounded
+from gateway.core.graphtensors import GraphTensors, Relation, output_rows, prediction_name
+from gateway.core.types import Tensor
 from gateway.protocols.graphstorm import errors
 from gateway.protocols.graphstorm.errors import GraphStormError, shown
 from gateway.protocols.graphstorm.payload import Invocation, decode_payload, encode_payload
 from gateway.protocols.graphstorm.schema import GraphSchema
-from gateway.types import Tensor
 
 JSON_TYPE = "application/json"
 # SageMaker's multi-model header; when present it names the model to route.

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from gateway.errors import ErrorKind, ErrorTable, GatewayError
+from gateway.core.errors import ErrorKind, ErrorTable, GatewayError
 
 OK = 200
 JSON_FORMAT = 400  # wrong content type, invalid JSON, malformed target

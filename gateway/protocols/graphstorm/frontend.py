@@ -16,25 +16,25 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from gateway.budget import admit_json
-from gateway.confignode import Node
-from gateway.errors import ErrorKind, GatewayError
-from gateway.graphtensors import (
+from gateway.config.node import Node
+from gateway.core.errors import ErrorKind, GatewayError
+from gateway.core.graphtensors import (
     CONTRACT,
     CONTRACT_PARAMETER,
     EDGE_TASKS,
     NODE_TASKS,
     TASK_PARAMETER,
 )
-from gateway.http.aiohttp_app import note_error
-from gateway.http.exchange import Handler, HttpReply, HttpRequest, json_reply
-from gateway.http.frontend import HttpFrontend
-from gateway.observe import REQUEST_ID_HEADER, Translating
+from gateway.core.record import REQUEST_ID_HEADER, Translating
+from gateway.core.types import InferRequest, RawPayload, RequestContext
+from gateway.dataplane.routing import Route
 from gateway.protocols.graphstorm import codec, errors
 from gateway.protocols.graphstorm.errors import GraphStormError
 from gateway.protocols.graphstorm.schema import GraphSchema, load_schema
-from gateway.routing import Route
-from gateway.types import InferRequest, RawPayload, RequestContext
+from gateway.protocols.http_frontend import HttpFrontend
+from gateway.runtime.budget import admit_json
+from gateway.transport.http_server.aiohttp_app import note_error
+from gateway.transport.http_server.exchange import Handler, HttpReply, HttpRequest, json_reply
 
 log = logging.getLogger(__name__)
 PROTOCOL = "graphstorm"

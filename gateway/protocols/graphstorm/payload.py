@@ -16,12 +16,12 @@ from typing import Any
 
 import numpy as np
 
-from gateway.errors import ErrorKind, invalid
-from gateway.graphtensors import EDGE_TASKS, GraphTensors, Relation
+from gateway.core.errors import ErrorKind, invalid
+from gateway.core.graphtensors import EDGE_TASKS, GraphTensors, Relation
+from gateway.core.types import MAX_DIMS
 from gateway.protocols.graphstorm import errors
 from gateway.protocols.graphstorm.errors import GraphStormError, construction, shown
 from gateway.protocols.graphstorm.schema import FeatureSpec, GraphSchema
-from gateway.types import MAX_DIMS
 
 PAYLOAD_VERSION = "gs-realtime-v0.1"
 _MISSING: Any = object()

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gateway.confignode import Node
+from gateway.config.node import Node
 
 Relation = tuple[str, str, str]
 
@@ -78,7 +78,7 @@ def resolve_schema_path(text: str, base_dir: Path) -> Path:
         if name not in BUILTIN_SCHEMAS:
             known = ", ".join(BUILTIN_PREFIX + n for n in BUILTIN_SCHEMAS)
             raise ValueError(f"unknown builtin graph schema {text!r}; known: {known}")
-        return Path(__file__).resolve().parents[2] / "builtin" / "data" / BUILTIN_SCHEMAS[name]
+        return Path(__file__).resolve().parents[1] / "builtin" / "data" / BUILTIN_SCHEMAS[name]
     path = Path(text)
     return path if path.is_absolute() else base_dir / path
 

@@ -7,7 +7,7 @@ vector tensor per UM-Bridge input and output (``input_0``, ...,
 offered through ``call_extension``.
 
 Pass-through (``passthrough: true``, the default): an Evaluate from a
-UM-Bridge client carries its body (:class:`~gateway.types.RawPayload`),
+UM-Bridge client carries its body (:class:`~gateway.core.types.RawPayload`),
 checked by the listener; those bytes go upstream unchanged, and the
 answer's bytes come back unchanged when it is one the client may have as it
 is (umbridge/passthrough.py). Derivatives are always translated.
@@ -21,16 +21,11 @@ from typing import Any
 
 import numpy as np
 
-from gateway.cache import TtlCache
-from gateway.confignode import Node
-from gateway.errors import GatewayError, invalid, model_not_found, unsupported
-from gateway.observe import PASSTHROUGH_REQUEST_ONLY, PASSTHROUGH_TRANSLATED, PASSTHROUGH_VERBATIM
-from gateway.protocols.base import UpstreamClient
-from gateway.protocols.umbridge import codec, passthrough
-from gateway.protocols.umbridge.mapping import umbridge_metadata
-from gateway.protocols.umbridge.options import UpstreamOptions, parse_upstream_options
-from gateway.tls import http_client_tls
-from gateway.types import (
+from gateway.config.node import Node
+from gateway.core.cache import TtlCache
+from gateway.core.errors import GatewayError, invalid, model_not_found, unsupported
+from gateway.core.record import PASSTHROUGH_REQUEST_ONLY, PASSTHROUGH_TRANSLATED, PASSTHROUGH_VERBATIM
+from gateway.core.types import (
     DERIVATIVE_OPERATION,
     METADATA_OPERATION,
     Derivative,
@@ -42,7 +37,12 @@ from gateway.types import (
     RequestContext,
     Tensor,
 )
-from gateway.upstream_http import UpstreamHttp
+from gateway.protocols.base import UpstreamClient
+from gateway.protocols.umbridge import codec, passthrough
+from gateway.protocols.umbridge.mapping import umbridge_metadata
+from gateway.protocols.umbridge.options import UpstreamOptions, parse_upstream_options
+from gateway.runtime.tls import http_client_tls
+from gateway.transport.http_client.pool import UpstreamHttp
 
 PLATFORM = "umbridge"
 _INPUT_NAME = re.compile(r"^input_(0|[1-9][0-9]{0,5})$")

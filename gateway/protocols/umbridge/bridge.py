@@ -10,11 +10,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from gateway.errors import ErrorKind, GatewayError
+from gateway.core.errors import ErrorKind, GatewayError
+from gateway.core.types import DERIVATIVE_OPERATION, Derivative, RawPayload, RequestContext
 from gateway.protocols.base import DataPlaneApi
 from gateway.protocols.umbridge import codec, finite_differences
 from gateway.protocols.umbridge.mapping import ModelView
-from gateway.types import DERIVATIVE_OPERATION, Derivative, RawPayload, RequestContext
 
 # Rows of an unbatched model are separate requests; at most this many at once.
 MAX_CONCURRENT_ROWS = 8

@@ -23,15 +23,15 @@ from typing import Any
 import numpy as np
 import orjson
 
-from gateway.errors import ErrorKind, GatewayError, invalid, malformed
-from gateway.jsontext import UnportableJson, python_loads
-from gateway.protocols.umbridge.errors import ERROR_TYPES, kind_of_upstream_error
-from gateway.types import (  # the contract's parameters live with the canonical types: re-exported
+from gateway.core.errors import ErrorKind, GatewayError, invalid, malformed
+from gateway.core.jsontext import UnportableJson, python_loads
+from gateway.core.types import (  # the contract's parameters live with the canonical types: re-exported
     CONFIG_PARAMETER,  # noqa: F401
     DERIVATIVE_KINDS,
     Derivative,
     config_from_text,  # noqa: F401
 )
+from gateway.protocols.umbridge.errors import ERROR_TYPES, kind_of_upstream_error
 
 PROTOCOL = "umbridge"  # RawPayload.protocol of UM-Bridge bodies (pass-through)
 PROTOCOL_VERSION = 1.0

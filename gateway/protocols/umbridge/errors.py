@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from gateway.errors import ErrorKind, ErrorTable
+from gateway.core.errors import ErrorKind, ErrorTable
 
 # ErrorKind -> (UM-Bridge error type, HTTP status). The first four types are
 # the reference ones; the rest name conditions the reference never reports.

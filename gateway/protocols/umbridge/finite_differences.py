@@ -19,8 +19,8 @@ from collections.abc import Awaitable, Callable, Sequence
 
 import numpy as np
 
-from gateway.errors import invalid
-from gateway.types import Derivative
+from gateway.core.errors import invalid
+from gateway.core.types import Derivative
 
 Rows = list[list[np.ndarray]]
 Evaluate = Callable[[Rows], Awaitable[Rows]]

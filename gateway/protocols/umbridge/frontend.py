@@ -10,21 +10,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from aiohttp import web
 
-from gateway.budget import admit_json
-from gateway.cache import TtlCache
-from gateway.confignode import Node
-from gateway.errors import ErrorKind, GatewayError
-from gateway.http.aiohttp_app import error_middleware
-from gateway.http.exchange import HttpReply, HttpRequest, json_reply
-from gateway.http.frontend import HttpFrontend
-from gateway.observe import (
+from gateway.config.node import Node
+from gateway.core.cache import TtlCache
+from gateway.core.errors import ErrorKind, GatewayError
+from gateway.core.record import (
     PASSTHROUGH_RENAMED,
     PASSTHROUGH_REQUEST_ONLY,
     PASSTHROUGH_VERBATIM,
@@ -32,6 +27,16 @@ from gateway.observe import (
     Translating,
     operation_label,
 )
+from gateway.core.types import (
+    DERIVATIVE_KINDS,
+    DERIVATIVE_OPERATION,
+    METADATA_OPERATION,
+    InferRequest,
+    ModelMetadata,
+    RawPayload,
+    RequestContext,
+)
+from gateway.protocols.http_frontend import HttpFrontend
 from gateway.protocols.umbridge import codec, errors, passthrough
 from gateway.protocols.umbridge.bridge import Bridge
 from gateway.protocols.umbridge.mapping import ModelView, build_view
@@ -41,19 +46,12 @@ from gateway.protocols.umbridge.options import (
     parse_listener_options,
     parse_route_options,
 )
-from gateway.types import (
-    DERIVATIVE_KINDS,
-    DERIVATIVE_OPERATION,
-    METADATA_OPERATION,
-    InferRequest,
-    ModelMetadata,
-    RawPayload,
-    RequestContext,
-)
+from gateway.runtime.budget import admit_json
+from gateway.transport.http_server.aiohttp_app import error_middleware
+from gateway.transport.http_server.exchange import Handler, HttpReply, HttpRequest, json_reply
 
 log = logging.getLogger(__name__)
 PROTOCOL = codec.PROTOCOL
-Handler = Callable[[HttpRequest], Awaitable[HttpReply]]
 
 # Failures that say nothing about whether a model exists: such models stay
 # listed in /Info (last), the others are left out.
@@ -220,6 +218,6 @@ class UmbridgeFrontend(HttpFrontend):
                 body = codec.encode_vector_output(result, self.options.nonfinite)
             return answer(body, ctx)
 
-        # The handler's name is the request's `operation` label (gateway/http/aiohttp_app.py).
+        # The handler's name is the request's `operation` label (gateway/transport/http_server/aiohttp_app.py).
         handle.__name__ = handle.__qualname__ = operation_label(kind)
         return handle

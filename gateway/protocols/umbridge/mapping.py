@@ -15,11 +15,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gateway.errors import ErrorKind, GatewayError, invalid, unsupported
-from gateway.protocols.umbridge.codec import FEATURES
-from gateway.protocols.umbridge.options import FiniteDifferences, RouteOptions
-from gateway.tensors import bf16_to_float, float_to_bf16
-from gateway.types import (
+from gateway.core.errors import ErrorKind, GatewayError, invalid, unsupported
+from gateway.core.tensors import bf16_to_float, float_to_bf16
+from gateway.core.types import (
     CONFIG_PARAMETER,
     DERIVATIVE_KINDS,
     NUMPY_DTYPES,
@@ -31,6 +29,8 @@ from gateway.types import (
     Tensor,
     TensorSpec,
 )
+from gateway.protocols.umbridge.codec import FEATURES
+from gateway.protocols.umbridge.options import FiniteDifferences, RouteOptions
 
 FLOAT_TYPES = ("FP16", "FP32", "FP64", "BF16")
 _NUMERIC = frozenset(NUMPY_DTYPES) - {"BYTES"}

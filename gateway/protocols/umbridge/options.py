@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gateway.confignode import Node
+from gateway.config.node import Node
 from gateway.protocols.umbridge.codec import NONFINITE_POLICIES
 
 DEFAULT_METADATA_TTL = 10.0

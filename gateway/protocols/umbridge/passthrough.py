@@ -7,7 +7,7 @@ the call's structure, model, feature and every input value before anything
 goes upstream, and the answer's structure and every output value before
 anything goes back. What is saved is writing both again as JSON, and for
 big bodies most of the reading too: texts of 64 KiB and more are read by
-the fast reader (gateway/tensors.py), vectors straight into float64 arrays
+the fast reader (gateway/core/tensors.py), vectors straight into float64 arrays
 with no Python object per number; whatever it cannot vouch for is read by
 the codec as before, with the codec's errors.
 
@@ -26,9 +26,9 @@ from typing import Any
 import numpy as np
 import orjson
 
-from gateway import tensors
-from gateway.errors import GatewayError
-from gateway.limits import count_bytes
+from gateway.core import tensors
+from gateway.core.errors import GatewayError
+from gateway.core.limits import count_bytes
 from gateway.protocols.umbridge import codec
 
 INPUT_KEY, OUTPUT_KEY = "input", "output"

@@ -9,7 +9,7 @@ readiness is ``GET /v1/models/{name}``, server liveness ``GET /`` (the
 from the upstream's ``models`` option (docs/v1-rest.md).
 
 Pass-through (``passthrough: true``, the default): a request that came from
-a V1 client carries its body (:class:`~gateway.types.RawPayload`); those
+a V1 client carries its body (:class:`~gateway.core.types.RawPayload`); those
 bytes go upstream unchanged, and the answer's bytes come back beside its
 decoded outputs. Such an answer must be a JSON object (else 502); one
 that is valid V1 but no V2 tensors (ragged predictions, say) comes back
@@ -27,16 +27,10 @@ from urllib.parse import quote
 
 import orjson
 
-from gateway.confignode import Node
-from gateway.errors import ErrorKind, GatewayError, model_not_found
-from gateway.observe import PASSTHROUGH_REQUEST_ONLY, PASSTHROUGH_TRANSLATED
-from gateway.protocols.base import UpstreamClient
-from gateway.protocols.upstream import reading_reply, response_limit
-from gateway.protocols.v1_rest import EXPLAIN_OPERATION
-from gateway.protocols.v1_rest import upstream_codec as codec
-from gateway.protocols.v1_rest.upstream_options import V1UpstreamOptions, parse_upstream_options
-from gateway.tls import http_client_tls
-from gateway.types import (
+from gateway.config.node import Node
+from gateway.core.errors import ErrorKind, GatewayError, model_not_found
+from gateway.core.record import PASSTHROUGH_REQUEST_ONLY, PASSTHROUGH_TRANSLATED
+from gateway.core.types import (
     ExtensionRequest,
     InferRequest,
     InferResponse,
@@ -45,7 +39,14 @@ from gateway.types import (
     RequestContext,
     Tensor,
 )
-from gateway.upstream_http import HttpReply, UpstreamHttp
+from gateway.protocols.base import UpstreamClient
+from gateway.protocols.v1_rest import EXPLAIN_OPERATION
+from gateway.protocols.v1_rest import upstream_codec as codec
+from gateway.protocols.v1_rest.upstream_options import V1UpstreamOptions, parse_upstream_options
+from gateway.runtime.tls import http_client_tls
+from gateway.transport.http_client.pool import UpstreamHttp
+from gateway.transport.http_client.reply import UpstreamReply
+from gateway.transport.upstream import reading_reply, response_limit
 
 PROTOCOL = "v1-rest"
 PLATFORM = "v1-rest"
@@ -90,13 +91,13 @@ class V1RestClient(UpstreamClient):
     # --- transport ---------------------------------------------------------------
 
     async def _send(self, method: str, path: str, body: bytes | bytearray | None = None,
-                    ctx: RequestContext | None = None) -> HttpReply:
+                    ctx: RequestContext | None = None) -> UpstreamReply:
         if self.http is None:
             raise GatewayError(ErrorKind.INTERNAL, f"upstream {self.label} is not started")
         headers = {"Content-Type": codec.JSON_TYPE} if body is not None else {}
         return await self.http.request(method, path, {**headers, **self.request_headers(ctx)}, body)
 
-    def _error(self, reply: HttpReply) -> GatewayError:
+    def _error(self, reply: UpstreamReply) -> GatewayError:
         return codec.decode_error(reply.status, reply.body, self.label)
 
     @staticmethod

@@ -19,10 +19,9 @@ from typing import Any
 import numpy as np
 import orjson
 
-from gateway.errors import ErrorKind, GatewayError, invalid, malformed
-from gateway.limits import BYTES_ELEMENT_COST, TensorBudget
-from gateway.protocols.v1_rest.errors import STATUS_OF_KIND
-from gateway.tensors import (
+from gateway.core.errors import ErrorKind, GatewayError, invalid, malformed
+from gateway.core.limits import BYTES_ELEMENT_COST, TensorBudget
+from gateway.core.tensors import (
     FAST_JSON_MIN_BYTES,
     JsonNumbers,
     array_from_json,
@@ -35,7 +34,8 @@ from gateway.tensors import (
     read_json_fast,
     written_as_integers,
 )
-from gateway.types import MAX_DIMS, Tensor, TensorSpec, element_count
+from gateway.core.types import MAX_DIMS, Tensor, TensorSpec, element_count
+from gateway.protocols.v1_rest.errors import STATUS_OF_KIND
 
 PROTOCOL = "v1-rest"
 JSON_TYPE = "application/json"
@@ -73,7 +73,7 @@ def decode_predict(body: bytes | bytearray, specs: tuple[TensorSpec, ...], budge
     """A ``:predict`` body as tensors; ``specs`` are the model's inputs from
     its V2 metadata (empty: unknown). Raises MALFORMED/INVALID/TOO_LARGE.
     Bodies from ``fast_min_bytes`` on have their numeric lists read straight
-    into numpy when the fast reader can vouch for them (gateway/tensors.py)."""
+    into numpy when the fast reader can vouch for them (gateway/core/tensors.py)."""
     payload = None
     if len(body) >= fast_min_bytes:
         payload = read_json_fast(body, lambda root: _fast_payload(root, specs), budget.charge)

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from http import HTTPStatus
 from types import MappingProxyType
 
-from gateway.errors import ErrorKind, ErrorTable
+from gateway.core.errors import ErrorKind, ErrorTable
 
 STATUS_OF_KIND: Mapping[ErrorKind, int] = MappingProxyType({
     ErrorKind.MALFORMED_REQUEST: 400,

@@ -13,19 +13,19 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway.budget import admit_json
-from gateway.cache import TtlCache
-from gateway.confignode import Node
-from gateway.errors import ErrorKind, GatewayError, unsupported
-from gateway.http.aiohttp_app import error_middleware
-from gateway.http.body import accepted_coding
-from gateway.http.exchange import Handler, HttpReply, HttpRequest, compress, json_reply
-from gateway.http.frontend import HttpFrontend
-from gateway.limits import TensorBudget
-from gateway.observe import REQUEST_ID_HEADER, Translating
+from gateway.config.node import Node
+from gateway.core.cache import TtlCache
+from gateway.core.errors import ErrorKind, GatewayError, unsupported
+from gateway.core.limits import TensorBudget
+from gateway.core.record import REQUEST_ID_HEADER, Translating
+from gateway.core.types import InferRequest, RawPayload, RequestContext, TensorSpec
+from gateway.dataplane.routing import Route
+from gateway.protocols.http_frontend import HttpFrontend
 from gateway.protocols.v1_rest import EXPLAIN_OPERATION, codec, errors
-from gateway.routing import Route
-from gateway.types import InferRequest, RawPayload, RequestContext, TensorSpec
+from gateway.runtime.budget import admit_json
+from gateway.transport.http_server.aiohttp_app import error_middleware
+from gateway.transport.http_server.body import accepted_coding
+from gateway.transport.http_server.exchange import Handler, HttpReply, HttpRequest, compress, json_reply
 
 PROTOCOL = codec.PROTOCOL
 DEFAULT_METADATA_TTL = 10.0

@@ -29,14 +29,14 @@ from typing import Any
 import numpy as np
 import orjson
 
-from gateway.errors import GatewayError, invalid, malformed
-from gateway.jsontext import python_loads
-from gateway.protocols.upstream import without_addresses
+from gateway.core.addresses import without_addresses
+from gateway.core.errors import GatewayError, invalid, malformed
+from gateway.core.jsontext import python_loads
+from gateway.core.tensors import array_from_json, bf16_to_float
+from gateway.core.types import InferRequest, Tensor, TensorSpec, element_count
 from gateway.protocols.v1_rest.codec import BYTES_JSON
 from gateway.protocols.v1_rest.errors import kind_of_upstream_status
 from gateway.protocols.v1_rest.upstream_options import COLUMNAR, ROW
-from gateway.tensors import array_from_json, bf16_to_float
-from gateway.types import InferRequest, Tensor, TensorSpec, element_count
 
 JSON_TYPE = "application/json"
 B64_KEY = "b64"

@@ -8,9 +8,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from gateway.confignode import Node
-from gateway.protocols.upstream import parse_response_limit
-from gateway.types import DATATYPES, TensorSpec
+from gateway.config.node import Node
+from gateway.core.types import DATATYPES, TensorSpec
+from gateway.transport.upstream import parse_response_limit
 
 ROW, COLUMNAR = "instances", "inputs"  # the request forms, named by their body's key
 DEFAULT_OUTPUT = "predictions"

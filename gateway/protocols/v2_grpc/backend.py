@@ -22,21 +22,11 @@ from typing import TYPE_CHECKING, Any
 import grpc
 from google.protobuf.message import DecodeError
 
-from gateway.confignode import Node
-from gateway.errors import CONNECT_FAILURE, ErrorKind, GatewayError, malformed
-from gateway.observe import PASSTHROUGH_REQUEST_ONLY, PASSTHROUGH_TRANSLATED
-from gateway.protocols.base import StreamedResponse, UpstreamClient
-from gateway.protocols.upstream import (
-    HOLD_LAST,
-    parse_response_limit,
-    parse_stream_relay,
-    reading_reply,
-    response_limit,
-)
-from gateway.protocols.v2_grpc import codec, extensions, passthrough, upstream_stream
-from gateway.protocols.v2_grpc import messages as pb
-from gateway.tls import grpc_channel_credentials, grpc_channel_options
-from gateway.types import (
+from gateway.config.node import Node
+from gateway.core.contracts import StreamedResponse
+from gateway.core.errors import CONNECT_FAILURE, ErrorKind, GatewayError, malformed
+from gateway.core.record import PASSTHROUGH_REQUEST_ONLY, PASSTHROUGH_TRANSLATED
+from gateway.core.types import (
     MODEL_CONFIG_OPERATION,
     ExtensionRequest,
     InferRequest,
@@ -45,9 +35,20 @@ from gateway.types import (
     RawPayload,
     RequestContext,
 )
+from gateway.protocols.base import UpstreamClient
+from gateway.protocols.v2_grpc import codec, extensions, passthrough, upstream_stream
+from gateway.protocols.v2_grpc import messages as pb
+from gateway.runtime.tls import grpc_channel_credentials, grpc_channel_options
+from gateway.transport.upstream import (
+    HOLD_LAST,
+    parse_response_limit,
+    parse_stream_relay,
+    reading_reply,
+    response_limit,
+)
 
 if TYPE_CHECKING:
-    from gateway.config import RouteConfig
+    from gateway.config.model import RouteConfig
 
 log = logging.getLogger(__name__)
 # Reconnect soon after an upstream comes back (grpc's default backoff grows to 120 s).
@@ -64,7 +65,7 @@ STREAMED_MIN_BYTES = 1 << 20
 class GrpcUpstreamOptions:
     max_response_bytes: int | None = None  # None: 4 x limits.max_request_bytes
     stream_form: str = upstream_stream.AUTO  # what its ModelStreamInfer streams: auto | triton | mlserver
-    stream_relay: str = HOLD_LAST  # MLServer's form: hold_last | immediate (gateway/protocols/upstream.py)
+    stream_relay: str = HOLD_LAST  # MLServer's form: hold_last | immediate (gateway/transport/upstream.py)
 
 
 class V2GrpcClient(UpstreamClient):
@@ -131,7 +132,7 @@ class V2GrpcClient(UpstreamClient):
             data = await call(request, timeout=timeout, metadata=metadata)
         except grpc.aio.AioRpcError as exc:
             # grpc core's words for a transport failure name the address: the
-            # data plane cuts it from what the client sees (gateway/proxy.py).
+            # data plane cuts it from what the client sees (gateway/dataplane/plane.py).
             raise codec.decode_error(exc.code(), exc.details(), self.label) from None
         if not parse:
             return data

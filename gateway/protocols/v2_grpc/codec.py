@@ -21,7 +21,7 @@ import numpy as np
 import orjson
 from google.protobuf.message import DecodeError
 
-from gateway.errors import (
+from gateway.core.errors import (
     GatewayError,
     UpstreamFailure,
     connect_failure,
@@ -29,13 +29,9 @@ from gateway.errors import (
     invalid,
     malformed,
 )
-from gateway.extensions import shm
-from gateway.limits import TensorBudget
-from gateway.protocols.v2_grpc import messages as pb
-from gateway.protocols.v2_grpc import rawwire
-from gateway.protocols.v2_grpc.errors import CODE_OF_KIND, kind_of_upstream_code
-from gateway.tensors import array_from_raw, array_to_raw
-from gateway.types import (
+from gateway.core.limits import TensorBudget
+from gateway.core.tensors import array_from_raw, array_to_raw
+from gateway.core.types import (
     NUMPY_DTYPES,
     InferRequest,
     InferResponse,
@@ -46,10 +42,14 @@ from gateway.types import (
     check_datatype,
     declared_shape,
 )
+from gateway.protocols.triton import shm
+from gateway.protocols.v2_grpc import messages as pb
+from gateway.protocols.v2_grpc import rawwire
+from gateway.protocols.v2_grpc.errors import CODE_OF_KIND, kind_of_upstream_code
 
 if TYPE_CHECKING:
-    from gateway.config import Limits
-    from gateway.observe import RequestRecord
+    from gateway.config.model import Limits
+    from gateway.core.record import RequestRecord
 
 # Datatype -> the InferTensorContents field that carries it. FP16 and BF16
 # have none: they travel only raw.

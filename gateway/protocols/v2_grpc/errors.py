@@ -10,7 +10,7 @@ from types import MappingProxyType
 
 import grpc
 
-from gateway.errors import ErrorKind, ErrorTable
+from gateway.core.errors import ErrorKind, ErrorTable
 
 CODE_OF_KIND: Mapping[ErrorKind, grpc.StatusCode] = MappingProxyType({
     ErrorKind.MALFORMED_REQUEST: grpc.StatusCode.INVALID_ARGUMENT,

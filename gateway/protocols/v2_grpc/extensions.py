@@ -14,11 +14,11 @@ from typing import Any
 from google.protobuf import json_format
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 
-from gateway.errors import ErrorKind, GatewayError
-from gateway.extensions import REFUSALS
-from gateway.extensions.repository import IndexEntry
-from gateway.extensions.shm import Region
-from gateway.extensions.statistics import Duration, ModelStatistics
+from gateway.core.errors import ErrorKind, GatewayError
+from gateway.observability.statistics import Duration, ModelStatistics
+from gateway.protocols.triton import REFUSALS
+from gateway.protocols.triton.repository import IndexEntry
+from gateway.protocols.triton.shm import Region
 from gateway.protocols.v2_grpc import messages as pb
 
 # RPCs the gateway refuses, with the reason (a key of REFUSALS).

@@ -22,14 +22,11 @@ from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from gateway.auth import Authenticator
-from gateway.budget import Reservation
-from gateway.confignode import Node
-from gateway.errors import ErrorKind, GatewayError, malformed, unsupported
-from gateway.extensions import MODEL_CONFIGURATION, MODEL_REPOSITORY, STATISTICS, shm
-from gateway.extensions.service import Extensions
-from gateway.limits import BYTES_ELEMENT_COST, TensorBudget
-from gateway.observe import (
+from gateway.config.extensions import MODEL_CONFIGURATION, MODEL_REPOSITORY, STATISTICS
+from gateway.config.node import Node
+from gateway.core.errors import ErrorKind, GatewayError, malformed, unsupported
+from gateway.core.limits import BYTES_ELEMENT_COST, TensorBudget
+from gateway.core.record import (
     OUTCOME_CANCELLED,
     PASSTHROUGH_RENAMED,
     PASSTHROUGH_VERBATIM,
@@ -42,15 +39,19 @@ from gateway.observe import (
     finish_request,
     operation_label,
 )
+from gateway.core.types import InferRequest, InferResponse, RequestContext
 from gateway.protocols.base import Frontend
+from gateway.protocols.triton import shm
+from gateway.protocols.triton.service import Extensions
 from gateway.protocols.v2_grpc import codec, extensions, passthrough
 from gateway.protocols.v2_grpc import messages as pb
 from gateway.protocols.v2_grpc.stream import OPERATION, StreamSession
-from gateway.tls import ServerTls
-from gateway.types import InferRequest, InferResponse, RequestContext
+from gateway.runtime.auth import Authenticator
+from gateway.runtime.budget import Reservation
+from gateway.runtime.tls import ServerTls
 
 if TYPE_CHECKING:
-    from gateway.config import Limits
+    from gateway.config.model import Limits
 
 log = logging.getLogger(__name__)
 PROTOCOL = passthrough.PROTOCOL

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gateway.core.types import InferRequest, InferResponse, RawPayload, Tensor
 from gateway.protocols.v2_grpc import rawwire
-from gateway.types import InferRequest, InferResponse, RawPayload, Tensor
 
 PROTOCOL = "v2-grpc"
 CONTENT_TYPE = "application/grpc"

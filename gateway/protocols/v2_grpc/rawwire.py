@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from gateway.errors import malformed
+from gateway.core.errors import malformed
 
 _LENGTH_DELIMITED = 2
 

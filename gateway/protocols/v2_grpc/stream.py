@@ -30,13 +30,14 @@ from typing import Any, Protocol
 
 import grpc
 
-from gateway.budget import Reservation
-from gateway.errors import ErrorKind, GatewayError
-from gateway.observe import OUTCOME_CANCELLED, finish_request
-from gateway.protocols.base import DataPlaneApi, StreamedResponse
+from gateway.core.contracts import StreamedResponse
+from gateway.core.errors import ErrorKind, GatewayError
+from gateway.core.record import OUTCOME_CANCELLED, finish_request
+from gateway.core.types import InferRequest, InferResponse, RequestContext
+from gateway.protocols.base import DataPlaneApi
 from gateway.protocols.v2_grpc import codec, rawwire
 from gateway.protocols.v2_grpc import messages as pb
-from gateway.types import InferRequest, InferResponse, RequestContext
+from gateway.runtime.budget import Reservation
 
 log = logging.getLogger(__name__)
 

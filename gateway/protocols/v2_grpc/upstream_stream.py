@@ -19,13 +19,13 @@ from __future__ import annotations
 import grpc
 from google.protobuf.message import DecodeError
 
-from gateway.errors import GatewayError, malformed
-from gateway.protocols.base import StreamedResponse
-from gateway.protocols.upstream import reading_reply
+from gateway.core.contracts import StreamedResponse
+from gateway.core.errors import GatewayError, malformed
 from gateway.protocols.v2_grpc import codec, rawwire
 from gateway.protocols.v2_grpc import messages as pb
 from gateway.protocols.v2_grpc.errors import kind_of_upstream_code
 from gateway.protocols.v2_grpc.stream import FINAL_PARAMETER, INFER_RESPONSE_FIELD
+from gateway.transport.upstream import reading_reply
 
 TRITON, MLSERVER, AUTO = "triton", "mlserver", "auto"
 FORMS = (AUTO, TRITON, MLSERVER)

@@ -35,24 +35,12 @@ from urllib.parse import quote
 
 import orjson
 
-from gateway.cache import TtlCache
-from gateway.confignode import Node
-from gateway.errors import ErrorKind, GatewayError, malformed, unsupported
-from gateway.http.sse import SseError, SseEvent, SseParser
-from gateway.observe import PASSTHROUGH_REQUEST_ONLY, PASSTHROUGH_TRANSLATED, PASSTHROUGH_VERBATIM
-from gateway.protocols.base import StreamedResponse, UpstreamClient
-from gateway.protocols.upstream import (
-    HOLD_LAST,
-    parse_response_limit,
-    parse_stream_relay,
-    reading_reply,
-    response_limit,
-    without_addresses,
-)
-from gateway.protocols.v2_rest import codec
-from gateway.protocols.v2_rest.flat import METADATA_TTL, encode_flat_request, flat_answer_items
-from gateway.tls import http_client_tls
-from gateway.types import (
+from gateway.config.node import Node
+from gateway.core.cache import TtlCache
+from gateway.core.contracts import StreamedResponse
+from gateway.core.errors import ErrorKind, GatewayError, malformed, unsupported
+from gateway.core.record import PASSTHROUGH_REQUEST_ONLY, PASSTHROUGH_TRANSLATED, PASSTHROUGH_VERBATIM
+from gateway.core.types import (
     MODEL_CONFIG_OPERATION,
     ExtensionRequest,
     InferRequest,
@@ -62,7 +50,21 @@ from gateway.types import (
     RequestContext,
     TensorSpec,
 )
-from gateway.upstream_http import HttpReply, UpstreamHttp
+from gateway.protocols.base import UpstreamClient
+from gateway.protocols.v2_rest import codec
+from gateway.protocols.v2_rest.flat import METADATA_TTL, encode_flat_request, flat_answer_items
+from gateway.runtime.tls import http_client_tls
+from gateway.transport.http_client.pool import UpstreamHttp
+from gateway.transport.http_client.reply import UpstreamReply as HttpReply  # renamed; the name here after the merge
+from gateway.transport.http_server.sse import SseError, SseEvent, SseParser
+from gateway.transport.upstream import (
+    HOLD_LAST,
+    parse_response_limit,
+    parse_stream_relay,
+    reading_reply,
+    response_limit,
+    without_addresses,
+)
 
 log = logging.getLogger(__name__)
 BINARY_EXTENSION = "binary_tensor_data"
@@ -188,11 +190,11 @@ class V2RestClient(UpstreamClient):
     def _raw_answer(self, reply: HttpReply) -> RawPayload:
         """The answer's bytes, once checked as translation would check them:
         a malformed answer is the upstream's fault (502), never the client's
-        problem to parse. The decoded tensors are dropped at once (binary
-        ones are views, so checking those costs no copy)."""
+        problem to parse. Nothing decoded is kept (binary tensors are read
+        as views, small JSON ones are not made arrays)."""
         header_length = reply.headers.get(codec.HEADER_LENGTH)
         with reading_reply(self.label):
-            codec.decode_infer_response(reply.body, header_length, self.services.config.limits.max_tensor_elements)
+            codec.check_infer_response(reply.body, header_length, self.services.config.limits.max_tensor_elements)
         if header_length is None:
             return RawPayload(codec.PROTOCOL, reply.body, codec.JSON_TYPE)
         return RawPayload(codec.PROTOCOL, reply.body, codec.BINARY_TYPE, {codec.HEADER_LENGTH: header_length})

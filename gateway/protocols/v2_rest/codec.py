@@ -16,23 +16,23 @@ import json
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import orjson
 
-from gateway import tensors
-from gateway.errors import ErrorKind, GatewayError, invalid, malformed
-from gateway.extensions import shm
-from gateway.jsontext import UnportableJson, python_loads
-from gateway.limits import TensorBudget, check_json_depth, count_bytes
-from gateway.protocols.v2_rest.errors import STATUS_OF_KIND, kind_of_upstream_status
-from gateway.tensors import (
+from gateway.core import tensors
+from gateway.core.errors import ErrorKind, GatewayError, invalid, malformed
+from gateway.core.jsontext import UnportableJson, python_loads
+from gateway.core.limits import TensorBudget, check_json_depth, count_bytes
+from gateway.core.tensors import (
     JsonNumbers,
     array_from_json,
     array_from_raw,
     array_to_json,
     array_to_raw,
     check_json_count,
+    check_json_data,
 )
-from gateway.types import (
+from gateway.core.types import (
     InferRequest,
     InferResponse,
     ModelMetadata,
@@ -43,9 +43,11 @@ from gateway.types import (
     check_datatype,
     declared_shape,
 )
+from gateway.protocols.triton import shm
+from gateway.protocols.v2_rest.errors import STATUS_OF_KIND, kind_of_upstream_status
 
 if TYPE_CHECKING:
-    from gateway.config import Limits
+    from gateway.config.model import Limits
 
 PROTOCOL = "v2-rest"
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -54,6 +56,8 @@ JSON_TYPE = "application/json"
 BINARY_TYPE = "application/octet-stream"
 
 _JSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY
+# How a tensor's JSON data is read: (data, datatype, shape, count, label, budget) -> array.
+ReadJson = Callable[[Any, str, tuple[int, ...], int, str, TensorBudget | None], np.ndarray]
 
 
 # --- errors ----------------------------------------------------------------
@@ -161,8 +165,9 @@ def _required(obj: dict[str, Any], key: str, kind: type, where: str) -> Any:
 
 
 def decode_tensors(items: Any, binary: memoryview, where: str, max_elements: int,
-                   budget: TensorBudget | None = None) -> list[Tensor]:
-    """Tensor objects of a request's ``inputs`` or a response's ``outputs``.
+                   budget: TensorBudget | None = None, read_json: ReadJson = array_from_json) -> list[Tensor]:
+    """Tensor objects of a request's ``inputs`` or a response's ``outputs``
+    (JSON data read by ``read_json``).
 
     Two passes: every tensor's head is checked and claimed from ``budget``
     (the request's totals) before any tensor data is allocated.
@@ -211,7 +216,7 @@ def decode_tensors(items: Any, binary: memoryview, where: str, max_elements: int
         elif shm.in_shared_memory(parameters):
             data = shm.placeholder(datatype)  # read from the region by the frontend (extensions/shm.py)
         else:
-            data = array_from_json(item["data"], datatype, shape, count, label, budget)
+            data = read_json(item["data"], datatype, shape, count, label, budget)
         tensors.append(Tensor(name, datatype, shape, data, parameters))
     if offset != len(binary):
         raise invalid(f"{len(binary) - offset} bytes of binary data follow the last binary {where} "
@@ -437,9 +442,22 @@ def encode_infer_request(request: InferRequest, binary: bool) -> tuple[bytes, di
 
 
 def decode_infer_response(body: bytes | bytearray, header_length: str | None, max_elements: int) -> InferResponse:
+    return _read_infer_response(body, header_length, max_elements, array_from_json)
+
+
+def check_infer_response(body: bytes | bytearray, header_length: str | None, max_elements: int) -> None:
+    """:func:`decode_infer_response`'s checks and errors, for an answer
+    relayed as its bytes: small JSON data is checked without being made
+    arrays (binary data is read as views either way)."""
+    _read_infer_response(body, header_length, max_elements, check_json_data)
+
+
+def _read_infer_response(body: bytes | bytearray, header_length: str | None, max_elements: int,
+                         read_json: ReadJson) -> InferResponse:
     head, binary = split_body(body, header_length)
     obj = load_infer_json(head, "the response", "outputs")
-    outputs = decode_tensors(_required(obj, "outputs", list, "response"), binary, "output", max_elements)
+    outputs = decode_tensors(_required(obj, "outputs", list, "response"), binary, "output", max_elements,
+                             read_json=read_json)
     return InferResponse(
         model_name=_optional(obj, "model_name", str, "response", ""),
         model_version=_optional(obj, "model_version", str, "response", ""),

@@ -6,7 +6,7 @@ configuration (``GET .../config``), the repository index (``POST
 /v2/repository/index``) and system shared memory (``/v2/systemsharedmemory``,
 when turned on). CUDA shared memory: status (none) and unregister answer,
 registering is refused. Refused with 501 and a reason: model load/unload,
-CUDA shared memory, trace and log settings (see gateway.extensions.REFUSALS).
+CUDA shared memory, trace and log settings (see gateway.protocols.triton.REFUSALS).
 """
 
 from __future__ import annotations
@@ -17,15 +17,16 @@ from typing import Any, Protocol
 import orjson
 from aiohttp import web
 
-from gateway.errors import malformed, unsupported
-from gateway.extensions import MODEL_CONFIGURATION, MODEL_REPOSITORY, REFUSALS, STATISTICS, SYSTEM_SHARED_MEMORY, shm
-from gateway.extensions.repository import IndexEntry
-from gateway.extensions.service import Extensions
-from gateway.extensions.statistics import Duration, ModelStatistics
+from gateway.config.extensions import MODEL_CONFIGURATION, MODEL_REPOSITORY, STATISTICS, SYSTEM_SHARED_MEMORY
+from gateway.core.errors import malformed, unsupported
+from gateway.core.types import RequestContext
+from gateway.observability.statistics import Duration, ModelStatistics
+from gateway.protocols.triton import REFUSALS, shm
+from gateway.protocols.triton.repository import IndexEntry
+from gateway.protocols.triton.service import Extensions
 from gateway.protocols.v2_rest.codec import JSON_TYPE, load_json_object
-from gateway.types import RequestContext
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+AiohttpHandler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 class Listener(Protocol):
@@ -124,7 +125,7 @@ def add_routes(router: web.UrlDispatcher, frontend: Listener) -> None:
         router.add_route("*", path, handlers.unknown_shm_request)
 
 
-def refusal(reason: str) -> Handler:
+def refusal(reason: str) -> AiohttpHandler:
     async def unsupported_extension(request: web.Request) -> web.StreamResponse:
         raise unsupported(reason)
 
@@ -152,7 +153,7 @@ class RestExtensionHandlers:
         ready = parse_index_request(await self.frontend.read_body(request))
         return _json(index_json(await self.extensions.repository_index(self.frontend.context(request), ready)))
 
-    # --- shared memory (gateway/extensions/shm.py) -------------------------------
+    # --- shared memory (gateway/protocols/triton/shm.py) -------------------------------
 
     async def system_shm_status(self, request: web.Request) -> web.Response:
         found = await self.extensions.shm_status(request.match_info.get("region"), self.frontend.context(request))

@@ -12,9 +12,9 @@ from typing import Any
 
 import orjson
 
-from gateway.errors import GatewayError, invalid
-from gateway.tensors import array_to_json
-from gateway.types import DATATYPES, Tensor, TensorSpec
+from gateway.core.errors import GatewayError, invalid
+from gateway.core.tensors import array_to_json
+from gateway.core.types import DATATYPES, Tensor, TensorSpec
 
 PARAMETERS_FIELD = "parameters"
 # Seconds a model's V2 metadata (its tensors' names, datatypes, shapes) is reused.

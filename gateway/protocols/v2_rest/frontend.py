@@ -10,22 +10,22 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway.budget import admit_json
-from gateway.confignode import Node
-from gateway.errors import ErrorKind, GatewayError
-from gateway.extensions import BINARY_TENSOR_DATA, shm
-from gateway.extensions.service import Extensions
-from gateway.http.aiohttp_app import error_middleware, request_context
-from gateway.http.body import accepted_coding
-from gateway.http.exchange import Handler, HttpReply, HttpRequest, compress
-from gateway.http.frontend import AiohttpRequest, HttpFrontend
-from gateway.limits import BYTES_ELEMENT_COST, TensorBudget
-from gateway.observe import PASSTHROUGH_RENAMED, REQUEST_ID_HEADER
-from gateway.protocols.upstream import reading_reply
+from gateway.config.node import Node
+from gateway.core.errors import ErrorKind, GatewayError
+from gateway.core.limits import BYTES_ELEMENT_COST, TensorBudget
+from gateway.core.record import PASSTHROUGH_RENAMED, REQUEST_ID_HEADER
+from gateway.core.types import Handover, InferRequest, InferResponse, RequestContext
+from gateway.dataplane.routing import Route
+from gateway.protocols.http_frontend import AiohttpRequest, HttpFrontend
+from gateway.protocols.triton import BINARY_TENSOR_DATA, shm
+from gateway.protocols.triton.service import Extensions
 from gateway.protocols.v2_rest import codec, errors, extensions
 from gateway.protocols.v2_rest.generate import GenerateHandlers
-from gateway.routing import Route
-from gateway.types import Handover, InferRequest, InferResponse, RequestContext
+from gateway.runtime.budget import admit_json
+from gateway.transport.http_server.aiohttp_app import error_middleware, request_context
+from gateway.transport.http_server.body import accepted_coding
+from gateway.transport.http_server.exchange import Handler, HttpReply, HttpRequest, compress
+from gateway.transport.upstream import reading_reply
 
 PROTOCOL = codec.PROTOCOL
 _HEADER_LENGTH = codec.HEADER_LENGTH.lower()
@@ -160,8 +160,10 @@ class V2RestFrontend(HttpFrontend):
             len(body), codec.decode_infer_request, body, header_length, model, version,
             limits.max_tensor_elements, limits, keep_raw=_passthrough(route), depth_checked=True,
             charge=reservation.grow)
-        regions = await self.extensions.shm_plan(infer_request, ctx)
-        await shm.run_inputs(infer_request, regions, TensorBudget.of(limits), reservation.grow, offload)
+        # Shared memory only when a tensor names a region: one check, no awaits otherwise.
+        regions = await self.extensions.shm_plan(infer_request, ctx) if shm.named(infer_request) else None
+        if regions is not None:
+            await shm.run_inputs(infer_request, regions, TensorBudget.of(limits), reservation.grow, offload)
         ctx.record.decode_seconds = time.perf_counter() - started
         # From here the inputs (views of the body) and the client's bytes hold
         # the body: an upstream client may drop them once its own message
@@ -173,7 +175,8 @@ class V2RestFrontend(HttpFrontend):
             response = await self.extensions.infer(infer_request, ctx)
         finally:
             infer_request.handover = None  # it refers back to the request
-        await shm.run_outputs(response, regions, reservation.grow, offload)
+        if regions is not None:
+            await shm.run_outputs(response, regions, reservation.grow, offload)
         # Let them go (if still held) before the answer is built, so a big
         # request and its answer do not overlap. Not in place: a mirror may
         # still be reading the inputs.

@@ -22,16 +22,22 @@ from typing import TYPE_CHECKING, Any, Protocol
 import orjson
 from aiohttp import web
 
-from gateway.budget import Reservation, admit_json
-from gateway.cache import TtlCache
-from gateway.errors import ErrorKind, GatewayError, invalid, malformed
-from gateway.http.aiohttp_app import note_error
-from gateway.http.body import accepted_coding
-from gateway.http.exchange import HttpReply, HttpRequest, compress
-from gateway.http.sse import SSE_CONTENT_TYPE, encode_event
-from gateway.limits import BYTES_ELEMENT_COST, TensorBudget
-from gateway.observe import OUTCOME_CANCELLED, REQUEST_ID_HEADER
-from gateway.protocols.base import DataPlaneApi, StreamedResponse
+from gateway.core.cache import TtlCache
+from gateway.core.contracts import StreamedResponse
+from gateway.core.errors import ErrorKind, GatewayError, invalid, malformed
+from gateway.core.limits import BYTES_ELEMENT_COST, TensorBudget
+from gateway.core.record import OUTCOME_CANCELLED, REQUEST_ID_HEADER
+from gateway.core.tensors import written_as_integers
+from gateway.core.types import (
+    DECOUPLED_PARAMETER,
+    InferRequest,
+    InferResponse,
+    ModelMetadata,
+    RequestContext,
+    TensorSpec,
+)
+from gateway.dataplane.routing import Route
+from gateway.protocols.base import DataPlaneApi
 from gateway.protocols.v2_rest import codec
 from gateway.protocols.v2_rest.flat import (
     METADATA_TTL,
@@ -40,19 +46,14 @@ from gateway.protocols.v2_rest.flat import (
     tensor_fields,
     tensor_item,
 )
-from gateway.routing import Route
-from gateway.tensors import written_as_integers
-from gateway.types import (
-    DECOUPLED_PARAMETER,
-    InferRequest,
-    InferResponse,
-    ModelMetadata,
-    RequestContext,
-    TensorSpec,
-)
+from gateway.runtime.budget import Reservation, admit_json
+from gateway.transport.http_server.aiohttp_app import note_error
+from gateway.transport.http_server.body import accepted_coding
+from gateway.transport.http_server.exchange import HttpReply, HttpRequest, compress
+from gateway.transport.http_server.sse import SSE_CONTENT_TYPE, encode_event
 
 if TYPE_CHECKING:
-    from gateway.config import Limits
+    from gateway.config.model import Limits
 
 log = logging.getLogger(__name__)
 

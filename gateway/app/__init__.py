@@ -1,0 +1,3 @@
+"""The application: the composition root (server.py), the admin listener, the
+supervisor of workers, the command line.
+"""

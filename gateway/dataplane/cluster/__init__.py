@@ -1,0 +1,3 @@
+"""Clusters (the config's upstreams): endpoints, load balancing, health checks,
+outlier ejection, limits, endpoint discovery by DNS.
+"""

@@ -1,0 +1,541 @@
+"""An upstream cluster: endpoints, load balancing, health, limits.
+
+One :class:`Cluster` per configured upstream. It chooses the endpoint of each
+attempt (round robin, least request by power of two choices, or a consistent
+hash of a header), keeps endpoints' health from active checks and passive
+outlier detection, and enforces the circuit-breaker limits: at most
+``max_requests`` in flight, at most ``max_connections`` on one endpoint, at
+most ``max_pending`` waiting for a slot; beyond that it answers
+UPSTREAM_OVERLOADED at once (REST 503, gRPC RESOURCE_EXHAUSTED) instead of
+queueing without bound.
+
+Endpoints given as DNS names are discovered (gateway/dataplane/cluster/discovery.py): one
+endpoint per address, added (health-checked first) and drained (no new
+requests; the client closes once the last one in flight ends) as the
+answers change.
+
+All state is touched from the event loop only; no locks are needed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import collections
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from typing import Any, Protocol
+
+from gateway.config.model import Address, UpstreamConfig
+from gateway.core.contracts import Backend
+from gateway.core.errors import ErrorKind, GatewayError
+from gateway.core.hashing import stable_hash
+from gateway.core.types import RequestContext
+from gateway.dataplane.affinity import SequencePins
+from gateway.dataplane.cluster.discovery import NameWatch, is_name
+from gateway.dataplane.cluster.endpoint import Endpoint
+from gateway.dataplane.cluster.outlier import decayed_ejections, ejection_time
+from gateway.dataplane.retry import ENDPOINT_FAILURES, budget_allows
+from gateway.observability.counters import Counters, Event
+
+log = logging.getLogger(__name__)
+
+ClientFactory = Callable[[UpstreamConfig, "Address | None", Any], Backend]
+
+
+class BackendClass(Protocol):
+    """A protocol's backend (its UpstreamClient class): built once per
+    endpoint, or once when it needs none (in-process)."""
+
+    def __call__(self, upstream: UpstreamConfig, endpoint: Address | None, services: Any) -> Backend: ...
+
+    def needs_endpoints(self) -> bool: ...
+
+
+# A protocol's name -> its backend class; the app hands in the registry's.
+Backends = Callable[[str], BackendClass]
+
+RING_POINTS_PER_ENDPOINT = 160  # enough for an even spread over a few endpoints
+IN_PROCESS = "in-process"
+
+
+class Lease:
+    """One attempt's hold on a cluster slot and an endpoint; release it once."""
+
+    __slots__ = ("_cluster", "endpoint", "released")
+
+    def __init__(self, cluster: Cluster, endpoint: Endpoint) -> None:
+        self._cluster = cluster
+        self.endpoint = endpoint
+        self.released = False
+
+    @property
+    def client(self) -> Backend:
+        return self.endpoint.client
+
+    def release(self, failure: str | None, *, blame_endpoint: bool = True) -> None:
+        """``failure``: None for an answer (errors like "unknown model"
+        included), else the failure reason; ``blame_endpoint`` False when the
+        failure was not the endpoint's doing (the client's deadline)."""
+        if not self.released:
+            self.released = True
+            self._cluster._release(self.endpoint, failure if blame_endpoint else None)
+
+
+class _Waiter:
+    __slots__ = ("future",)
+
+    def __init__(self) -> None:
+        self.future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+
+class Cluster:
+    """An upstream's endpoints, each with its own protocol client."""
+
+    def __init__(self, config: UpstreamConfig, services: Any, counters: Counters | None = None, *,
+                 backends: Backends | None = None, client_factory: ClientFactory | None = None,
+                 clock: Callable[[], float] = time.monotonic, rng: random.Random | None = None) -> None:
+        self.config = config
+        self.counters = counters or Counters()
+        self.stats = self.counters.upstream(config.name)
+        self._clock = clock
+        self._rng = rng or random.Random()
+        if client_factory is None:
+            if backends is None:
+                raise TypeError("a Cluster needs its backends (the protocol registry's) or a client_factory")
+            client_class = backends(config.protocol)
+            addresses: tuple[Address | None, ...] = config.endpoints if client_class.needs_endpoints() else (None,)
+            client_factory = client_class
+        else:
+            addresses = config.endpoints or (None,)
+        if not addresses:
+            raise GatewayError(ErrorKind.INTERNAL, f"upstream '{config.name}' has no endpoints")
+        self._client_factory = client_factory
+        self._services = services
+        self.endpoints: list[Endpoint] = []
+        self._watches: list[NameWatch] = []
+        for address in addresses:
+            label = str(address) if address is not None else IN_PROCESS
+            client = client_factory(config, address, services)
+            watch = None
+            if address is not None and config.dns.discovery and is_name(address.host):
+                # Until its first answer the name is one endpoint, as without discovery.
+                watch = NameWatch(config.name, address, config.dns)
+                self._watches.append(watch)
+            self.endpoints.append(Endpoint(client, label, self.counters.endpoint(config.name, label), watch))
+        self._draining: set[Endpoint] = set()
+        self._background: set[asyncio.Task[None]] = set()
+        self._discovery_task: asyncio.Task[None] | None = None
+        self.in_flight = 0
+        self.pending = 0
+        self.retries_in_flight = 0
+        self._waiters: collections.deque[_Waiter] = collections.deque()
+        self._next = 0  # round robin position
+        self._ring = self._build_ring() if config.load_balancing.policy == "consistent_hash" else []
+        self._ring_keys = [point for point, _ in self._ring]
+        self._health_task: asyncio.Task[None] | None = None
+        self.pins = SequencePins(config.sequence_affinity, clock)
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    @property
+    def clients(self) -> list[Backend]:
+        return [e.client for e in self.endpoints]
+
+    # --- lifecycle ----------------------------------------------------------
+
+    async def start(self) -> None:
+        """Resolve the names, start the clients; with health checks, run one
+        round first so the cluster serves with known health (a reload swaps in
+        warm clusters)."""
+        resolved = await asyncio.gather(*(watch.refresh() for watch in self._watches))
+        for watch, ok in zip(self._watches, resolved, strict=True):
+            if ok:
+                self._replace([e for e in self.endpoints if e.origin is watch],
+                              [self._endpoint(watch, ip) for ip in watch.addresses], started=False)
+            else:
+                self._dns_failed(watch)
+        for endpoint in self.endpoints:
+            await endpoint.client.start()
+        if self.config.health_check is not None:
+            await self.check_health(first=True)
+            self._health_task = asyncio.create_task(self._health_loop(), name=f"health-check {self.name}")
+        if self._watches:
+            self._discovery_task = asyncio.create_task(self._discovery_loop(), name=f"dns {self.name}")
+
+    async def close(self) -> None:
+        for task in (self._health_task, self._discovery_task):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        self._health_task = self._discovery_task = None
+        await asyncio.gather(*self._background, return_exceptions=True)  # drained clients closing
+        closing = [*self.endpoints, *self._draining]
+        self._draining.clear()
+        await asyncio.gather(*(e.client.close() for e in closing), return_exceptions=True)
+
+    # --- DNS discovery ----------------------------------------------------------
+
+    def _endpoint(self, watch: NameWatch, ip: str, announce: bool = True) -> Endpoint:
+        """A new, not yet started endpoint for one address of ``watch``'s name."""
+        address = Address(ip, watch.address.port, watch.address.host)
+        label = str(address)
+        client = self._client_factory(self.config, address, self._services)
+        endpoint = Endpoint(client, label, self.counters.endpoint(self.name, label), watch, ip, self._clock())
+        if announce:
+            self.counters.emit(Event("endpoint_added", self.name, label))
+        return endpoint
+
+    def _dns_failed(self, watch: NameWatch) -> None:
+        self.counters.emit(Event("dns_failure", self.name, watch.address.host))
+
+    async def _discovery_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.dns.refresh * self._rng.uniform(0.9, 1.1))
+            await self.rediscover()
+
+    async def rediscover(self) -> None:
+        """Resolve every name once and bring the endpoints in line."""
+        results = await asyncio.gather(*(self._rediscover(watch) for watch in self._watches), return_exceptions=True)
+        for result in results:
+            if isinstance(result, Exception):  # a client that would not start: tried again next time
+                log.warning("upstream %s: DNS discovery step failed: %r", self.name, result)
+
+    async def _rediscover(self, watch: NameWatch) -> None:
+        """Resolve ``watch``'s name once and bring its endpoints in line."""
+        if not await watch.refresh():
+            self._dns_failed(watch)
+            return
+        current = [e for e in self.endpoints if e.origin is watch]
+        have = {e.resolved for e in current}
+        gone = [e for e in current if e.resolved not in watch.addresses]
+        fresh = [self._endpoint(watch, ip) for ip in watch.addresses if ip not in have]
+        reconnect = self.config.dns.reconnect
+        if len(watch.addresses) == 1 and not fresh and reconnect and current:
+            old = current[0]
+            if self._clock() - old.created >= reconnect:  # new connections to the same (virtual) address
+                renewed = self._endpoint(watch, watch.addresses[0], announce=False)
+                renewed.take_health_of(old)
+                fresh.append(renewed)
+                gone.append(old)
+        if not fresh and not gone:
+            return
+        try:
+            for endpoint in fresh:
+                await endpoint.client.start()
+                if self.config.health_check is not None and endpoint.resolved not in have:
+                    await self._check(endpoint, first=True)  # checked before it takes traffic
+        except BaseException:  # closed meanwhile, or a client that would not start: none left open
+            await asyncio.gather(*(e.client.close() for e in fresh), return_exceptions=True)
+            raise
+        self._replace(gone, fresh)
+
+    def _replace(self, gone: list[Endpoint], fresh: list[Endpoint], started: bool = True) -> None:
+        """Swap endpoints: ``gone`` ones take no new request and close once
+        idle (at once when never started)."""
+        for endpoint in gone:
+            self.endpoints.remove(endpoint)
+            endpoint.draining = True
+            if endpoint.resolved is not None or started:
+                log.info("upstream %s endpoint %s drained (%s)", self.name, endpoint.address,
+                         "reconnect" if any(e.address == endpoint.address for e in fresh) else "left DNS")
+            if started:
+                self._draining.add(endpoint)
+                self._close_if_idle(endpoint)
+        self.endpoints.extend(fresh)
+        labels = {e.address for e in self.endpoints}
+        for endpoint in gone:
+            if endpoint.address not in labels:
+                self.stats.endpoints.pop(endpoint.address, None)
+                self.counters.emit(Event("endpoint_removed", self.name, endpoint.address))
+        for endpoint in fresh:
+            if endpoint.address not in {e.address for e in gone}:
+                log.info("upstream %s endpoint %s added", self.name, endpoint.address)
+        if self._ring or self.config.load_balancing.policy == "consistent_hash":
+            self._ring = self._build_ring()
+            self._ring_keys = [point for point, _ in self._ring]
+        self._wake_all()
+
+    def _close_if_idle(self, endpoint: Endpoint) -> None:
+        if endpoint.in_flight > 0 or endpoint not in self._draining:
+            return
+        self._draining.discard(endpoint)
+        task = asyncio.get_running_loop().create_task(endpoint.client.close(), name=f"close {endpoint.address}")
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    # --- health ---------------------------------------------------------------
+
+    async def _health_loop(self) -> None:
+        check = self.config.health_check
+        assert check is not None
+        while True:
+            # A little jitter keeps many gateways from checking in lockstep.
+            await asyncio.sleep(check.interval * self._rng.uniform(0.9, 1.1))
+            await self.check_health()
+
+    async def check_health(self, first: bool = False) -> None:
+        await asyncio.gather(*(self._check(e, first) for e in self.endpoints))
+
+    async def _check(self, endpoint: Endpoint, first: bool) -> None:
+        check = self.config.health_check
+        assert check is not None
+        ctx = RequestContext("", "health-check", request_id="health-check",
+                             deadline=time.monotonic() + check.timeout)
+        try:
+            async with asyncio.timeout(check.timeout):
+                ok = bool(await endpoint.client.health_check(ctx))
+        except Exception as exc:  # any failure of the check is a failed check
+            log.debug("health check of %s %s failed: %r", self.name, endpoint.address, exc)
+            ok = False
+        self.record_health(endpoint, ok, first)
+
+    def record_health(self, endpoint: Endpoint, ok: bool, first: bool = False) -> None:
+        check = self.config.health_check
+        healthy_after, unhealthy_after = (check.healthy_threshold, check.unhealthy_threshold) if check else (1, 1)
+        if ok:
+            endpoint._checks_passed += 1
+            endpoint._checks_failed = 0
+            flip = not endpoint.healthy and (first or endpoint._checks_passed >= healthy_after)
+        else:
+            endpoint._checks_failed += 1
+            endpoint._checks_passed = 0
+            endpoint.counters.health_check_failures_total += 1
+            flip = endpoint.healthy and (first or endpoint._checks_failed >= unhealthy_after)
+        if flip:
+            endpoint.healthy = ok
+            log.warning("upstream %s endpoint %s is now %s", self.name, endpoint.address,
+                        "healthy" if ok else "unhealthy")
+            self.counters.emit(Event("health_changed", self.name, endpoint.address, "healthy" if ok else "unhealthy"))
+            self._wake_all()
+
+    # --- passive outlier detection -------------------------------------------
+
+    def _release(self, endpoint: Endpoint, failure: str | None) -> None:
+        endpoint.in_flight -= 1
+        self.in_flight -= 1
+        if endpoint.draining:
+            self._close_if_idle(endpoint)
+        if failure in ENDPOINT_FAILURES:
+            endpoint.counters.failures_total += 1
+            endpoint.consecutive_failures += 1
+            self._maybe_eject(endpoint)
+        else:
+            endpoint.consecutive_failures = 0
+        self._wake_one()
+
+    def _maybe_eject(self, endpoint: Endpoint) -> None:
+        detection = self.config.outlier_detection
+        now = self._clock()
+        if (not detection.consecutive_failures or endpoint.consecutive_failures < detection.consecutive_failures
+                or endpoint.ejected(now)):
+            return
+        ejected = sum(1 for e in self.endpoints if e.ejected(now))
+        if ejected and (ejected + 1) * 100 > len(self.endpoints) * detection.max_ejection_percent:
+            return  # enough of the cluster is out already
+        endpoint.ejections = decayed_ejections(endpoint.ejections, now - endpoint.readmitted_at,
+                                               detection.base_ejection_time) + 1
+        duration = ejection_time(detection.base_ejection_time, detection.max_ejection_time, endpoint.ejections)
+        endpoint.ejected_until = now + duration
+        endpoint.counters.ejections_total += 1
+        self.stats.ejections_total += 1
+        log.warning("upstream %s endpoint %s ejected for %gs after %d consecutive failures", self.name,
+                    endpoint.address, duration, endpoint.consecutive_failures)
+        self.counters.emit(Event("ejection", self.name, endpoint.address, f"{duration:g}s"))
+
+    def _readmit_expired(self, now: float) -> None:
+        for endpoint in self.endpoints:
+            if endpoint.ejected_until is not None and now >= endpoint.ejected_until:
+                endpoint.ejected_until = None
+                endpoint.consecutive_failures = 0
+                endpoint.readmitted_at = now
+                log.info("upstream %s endpoint %s re-admitted", self.name, endpoint.address)
+                self.counters.emit(Event("readmission", self.name, endpoint.address))
+
+    def has_available_endpoint(self) -> bool:
+        now = self._clock()
+        self._readmit_expired(now)
+        return any(e.available(now) for e in self.endpoints)
+
+    # --- load balancing and limits ---------------------------------------------
+
+    def _candidates(self, exclude: set[Endpoint], pinned: Endpoint | None = None) -> list[Endpoint]:
+        """Endpoints that may take the next attempt: available ones (all of
+        them when none is: better to try than to refuse), with a free slot,
+        preferring those this request has not tried yet. A request pinned to
+        an endpoint (a sequence's) has that one or none."""
+        if self.in_flight >= self.config.circuit_breaker.max_requests:
+            return []
+        if pinned is not None:
+            return [pinned] if pinned.in_flight < self.config.connection_pool.max_connections else []
+        now = self._clock()
+        self._readmit_expired(now)
+        pool = [e for e in self.endpoints if e.available(now)] or self.endpoints
+        limit = self.config.connection_pool.max_connections
+        free = [e for e in pool if e.in_flight < limit]
+        fresh = [e for e in free if e not in exclude]
+        return fresh or free
+
+    def _choose(self, candidates: list[Endpoint], key: str | None) -> Endpoint:
+        if len(candidates) == 1:
+            return candidates[0]
+        policy = self.config.load_balancing.policy
+        if policy == "least_request":
+            first, second = self._rng.sample(candidates, 2)
+            return first if first.in_flight <= second.in_flight else second
+        if policy == "consistent_hash" and key is not None:
+            return self._ring_lookup(stable_hash(key), candidates)
+        if policy == "consistent_hash":
+            return self._rng.choice(candidates)
+        allowed = set(map(id, candidates))
+        count = len(self.endpoints)
+        for step in range(count):
+            index = (self._next + step) % count
+            if id(self.endpoints[index]) in allowed:
+                self._next = index + 1
+                return self.endpoints[index]
+        return candidates[0]  # unreachable: candidates come from self.endpoints
+
+    def _build_ring(self) -> list[tuple[int, int]]:
+        return sorted((stable_hash(f"{e.address}#{i}"), index)
+                      for index, e in enumerate(self.endpoints) for i in range(RING_POINTS_PER_ENDPOINT))
+
+    def _ring_lookup(self, point: int, candidates: list[Endpoint]) -> Endpoint:
+        """The first candidate clockwise from ``point`` on the hash ring."""
+        allowed = set(map(id, candidates))
+        start = bisect.bisect_left(self._ring_keys, point)
+        for step in range(len(self._ring)):
+            endpoint = self.endpoints[self._ring[(start + step) % len(self._ring)][1]]
+            if id(endpoint) in allowed:
+                return endpoint
+        return candidates[0]  # unreachable: every endpoint has ring points
+
+    def _take(self, key: str | None, exclude: set[Endpoint], pinned: Endpoint | None = None) -> Lease | None:
+        candidates = self._candidates(exclude, pinned)
+        if not candidates:
+            return None
+        endpoint = self._choose(candidates, key)
+        endpoint.in_flight += 1
+        endpoint.counters.requests_total += 1
+        self.in_flight += 1
+        self.stats.requests_total += 1
+        return Lease(self, endpoint)
+
+    def try_acquire(self, key: str | None = None, exclude: set[Endpoint] | None = None) -> Lease | None:
+        """A slot now, or None; never waits (mirrors use it)."""
+        return None if self._waiters else self._take(key, exclude or set())
+
+    async def acquire(self, key: str | None = None, exclude: set[Endpoint] | None = None,
+                      pinned: Endpoint | None = None) -> Lease:
+        """A slot on an endpoint (on ``pinned`` if given): at once if free,
+        else wait in line while the line is shorter than ``max_pending``;
+        beyond that UPSTREAM_OVERLOADED at once. The caller bounds the wait
+        with its deadline."""
+        exclude = exclude or set()
+        lease = None if self._waiters else self._take(key, exclude, pinned)
+        if lease is not None:
+            return lease
+        breaker = self.config.circuit_breaker
+        if self.pending >= breaker.max_pending:
+            self.stats.overflows_total += 1
+            self.counters.emit(Event("overflow", self.name))
+            raise GatewayError(ErrorKind.UPSTREAM_OVERLOADED,
+                               f"upstream '{self.name}' is at its limits ({self.in_flight} requests in flight, "
+                               f"{self.pending} waiting); try again later")
+        waiter = _Waiter()
+        self._waiters.append(waiter)
+        self.pending += 1
+        try:
+            while True:
+                await waiter.future
+                lease = self._take(key, exclude, pinned)
+                if lease is not None:
+                    return lease
+                waiter.future = asyncio.get_running_loop().create_future()
+        finally:
+            self.pending -= 1
+            self._waiters.remove(waiter)
+            self._wake_one()  # pass on a wake-up this waiter may have used or lost
+
+    def _wake_one(self) -> None:
+        if not self._waiters or not self._candidates(set()):
+            return
+        for waiter in self._waiters:
+            if not waiter.future.done():
+                waiter.future.set_result(None)
+                return
+
+    def _wake_all(self) -> None:
+        for waiter in self._waiters:
+            if not waiter.future.done():
+                waiter.future.set_result(None)
+
+    def pinned_endpoint(self, address: str) -> Endpoint | None:
+        """The endpoint at ``address`` if it may serve (a sequence pinned to
+        it goes on), else None: ejected, unhealthy or gone, the sequence's
+        state is lost with it."""
+        now = self._clock()
+        self._readmit_expired(now)
+        for endpoint in self.endpoints:
+            if endpoint.address == address:
+                return endpoint if endpoint.available(now) else None
+        return None
+
+    # --- retry budget -----------------------------------------------------------
+
+    def begin_retry(self, budgeted: bool = True) -> bool:
+        """Whether a retry may start. Unbudgeted retries (of tries that never
+        reached an endpoint) are counted but always allowed."""
+        if not budgeted:
+            self.stats.retries_total += 1
+            return True
+        budget = self.config.retry_budget
+        if not budget_allows(self.retries_in_flight, self.in_flight + self.pending, budget.percent,
+                             budget.min_concurrency):
+            self.stats.retry_budget_exhausted_total += 1
+            self.counters.emit(Event("retry_budget_exhausted", self.name))
+            return False
+        self.retries_in_flight += 1
+        self.stats.retries_total += 1
+        return True
+
+    def end_retry(self) -> None:
+        self.retries_in_flight -= 1
+
+    # --- views ------------------------------------------------------------------
+
+    def snapshot(self) -> dict[str, Any]:
+        """Live state for the admin /upstreams endpoint and metrics gauges."""
+        now = self._clock()
+        self._readmit_expired(now)
+        counters = asdict(self.stats)
+        counters.pop("endpoints")
+        return {
+            "name": self.name,
+            "protocol": self.config.protocol,
+            "load_balancing": self.config.load_balancing.policy,
+            "available": any(e.available(now) for e in self.endpoints),
+            "in_flight": self.in_flight,
+            "pending": self.pending,
+            "retries_in_flight": self.retries_in_flight,
+            "max_requests": self.config.circuit_breaker.max_requests,
+            "max_pending": self.config.circuit_breaker.max_pending,
+            "health_checked": self.config.health_check is not None,
+            "counters": counters,
+            "endpoints": [{
+                "address": e.address,
+                "healthy": e.healthy,
+                "ejected": e.ejected(now),
+                "ejected_for_seconds": round(max(0.0, (e.ejected_until or now) - now), 3),
+                "in_flight": e.in_flight,
+                "consecutive_failures": e.consecutive_failures,
+                "counters": asdict(e.counters),
+            } for e in self.endpoints],
+            "dns": [{"name": w.address.host, "addresses": list(w.addresses), "failures_total": w.failures_total}
+                    for w in self._watches],
+        }
