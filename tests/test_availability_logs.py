@@ -223,6 +223,39 @@ def test_line_writer_writes_whole_lines_at_most_pipe_buf_per_write(monkeypatch: 
         assert len(data) <= 4096 or data.count(b"\n") == 1  # only a long line goes alone
 
 
+def test_a_lingering_line_writer_batches_and_wakes_when_half_full_or_closed(tmp_path: Path) -> None:
+    path = tmp_path / "access.log"
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    writer = LineWriter(fd, owns_fd=True, max_bytes=64 * 1024, name="test writer", linger=60.0)
+    writer.put(b"first\n")  # the idle thread is woken: written at once
+    wait_for(lambda: path.read_bytes() == b"first\n", 5, "the first line")
+    line = b"l" * 999 + b"\n"  # 1,064 bytes of queue each: 30 fill it to just under half
+    for _ in range(30):  # the lingering thread sleeps on: they wait for one batch
+        assert writer.put(line)
+    time.sleep(0.2)
+    assert path.read_bytes() == b"first\n"
+    assert writer.put(line)  # past half the queue: woken early
+    wait_for(lambda: path.stat().st_size == 6 + 31 * 1000, 5, "the lines past half the queue")
+    writer.put(b"last\n")
+    started = time.monotonic()
+    assert writer.close(5)  # cuts the linger short
+    assert time.monotonic() - started < 2
+    assert path.read_bytes() == b"first\n" + line * 31 + b"last\n" and writer.dropped == 0
+
+
+def test_sparse_lines_wait_the_short_linger_not_the_busy_one(tmp_path: Path) -> None:
+    path = tmp_path / "access.log"
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    writer = LineWriter(fd, owns_fd=True, max_bytes=64 * 1024, name="test writer", linger=0.002, busy_linger=60.0)
+    try:
+        for i in range(5):  # one line at a time: each written at once, not after the busy linger
+            writer.put(b"%d\n" % i)
+            wait_for(lambda i=i: path.read_bytes().endswith(b"%d\n" % i), 5, f"line {i}")
+            time.sleep(0.01)
+    finally:
+        assert writer.close(5)
+
+
 def test_line_writer_reopens_its_path(tmp_path: Path) -> None:
     path = tmp_path / "access.log"
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)

@@ -19,7 +19,7 @@ from gateway.core.errors import ErrorKind, GatewayError
 from gateway.core.record import RequestRecord, accept_request_id, accept_traceparent, accept_tracestate
 from gateway.core.types import InferRequest, RequestContext
 from gateway.dataplane.plane import DataPlane
-from gateway.observability.accesslog import AccessLog
+from gateway.observability.accesslog import AccessLog, _ms, _ms_text, _plain
 from gateway.observability.metrics import OTHER_MODEL, UNKNOWN_MODEL, GatewayMetrics
 from gateway.protocols import registry
 from gateway.runtime.services import GatewayServices
@@ -236,6 +236,39 @@ def test_plain_access_log_line_cannot_be_forged(tmp_path: os.PathLike[str]) -> N
     assert text.count("\n") == 1 and not text.endswith(" \n")  # the newline in the model name stays escaped
     assert "request_id=rid-7 " in text and "status=200 " in text and "endpoint=127.0.0.1:9 " in text
     assert 'model="evil\\"\\nts=forged model"' in text
+
+
+@pytest.mark.parametrize("worker", [None, 0, 3])
+def test_plain_line_in_one_step_is_the_general_format(worker: int | None) -> None:
+    """The usual line is formatted without the field dictionary; any line
+    must read exactly as the field-by-field format writes it."""
+    texts = ["", "simple", "route-0", "127.0.0.1:9", "/v2/models/x/infer", 'evil"\nts=forged', "a b", "x\u2028y",
+             "m\udcff", "é", "=", "-", "p" * 400]
+    access_log = AccessLog(None, "plain", worker)
+    for i, text in enumerate(texts * 3):
+        ctx = RequestContext("rest", "v2-rest", request_id=texts[i % 5] or "rid",
+                             traceparent=VALID_TRACEPARENT if i % 2 else "")
+        ctx.record = RequestRecord(operation="infer", model=text, version=texts[(i + 1) % len(texts)],
+                                   route=texts[i % 3], upstream="up", endpoint=texts[(i + 2) % len(texts)],
+                                   status="200" if i % 7 else 200, outcome="ok", method="POST",  # type: ignore[arg-type]
+                                   path=texts[i % len(texts)], passthrough=texts[i % 2], batch_id=texts[i % 4],
+                                   error=texts[(i + 3) % len(texts)], request_bytes=i, response_bytes=20,
+                                   upstream_seconds=i / 7, upstream_attempts=i % 3, decode_seconds=0.0,
+                                   encode_seconds=1e-7 * i)
+        now = 1764880000.0 + i / 3
+        assert access_log._plain_line(ctx, i / 11, now) == _plain(access_log.fields(ctx, i / 11, now))
+
+
+def test_milliseconds_text_is_the_rounded_float_as_python_writes_it() -> None:
+    import math
+    import random
+
+    rng = random.Random(7)
+    values = [0.0, -0.0, 1e-7, 5e-7, 0.0005, 0.0015, -0.0004, 0.0123456, 1e9, 1e13, 1e20, math.inf, -math.inf,
+              math.nan, *(k / 1e6 for k in range(2000)), *((k + 0.5) / 1e6 for k in range(2000)),
+              *(rng.random() * 10 ** rng.randint(-9, 9) for _ in range(20000))]
+    for seconds in values:
+        assert _ms_text(seconds) == str(_ms(seconds)), seconds
 
 
 def test_disabled_access_log_writes_nothing() -> None:
