@@ -11,11 +11,8 @@ probe while the sequences come and go.
 
 from __future__ import annotations
 
-import http.client
-import threading
-import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -23,7 +20,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from peers.stall_attack import rss_bytes
+from peers.stall_attack import HealthProber, rss_bytes
 from support import GatewayProcess, metric_value, scrape_metrics, wait_for, write_config
 
 ROWS = 32_768  # a running sum of 256 KiB per simple_string_dyna_sequence
@@ -57,40 +54,13 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess
     assert "Traceback" not in gw.log(), gw.log()[-3000:]
 
 
-class Prober:
-    """GET /v2/health/ready on the probe listener, one at a time, until stopped."""
-
-    def __init__(self, port: int) -> None:
-        self.port = port
-        self.latencies: list[float] = []
-        self.failures = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.is_set() and len(self.latencies) < 100_000:
-            started = time.monotonic()
-            conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
-            try:
-                conn.request("GET", "/v2/health/ready")
-                ok = conn.getresponse().status == 200
-            except OSError:
-                ok = False
-            finally:
-                conn.close()
-            self.latencies.append(time.monotonic() - started)
-            self.failures += not ok
-            self._stop.wait(0.01)
-
-    def __enter__(self) -> Prober:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._stop.set()
-        self._thread.join(10)
-        assert self.latencies and self.failures == 0, (self.failures, len(self.latencies))
-        assert max(self.latencies) <= WORST_PROBE, max(self.latencies)
+@contextmanager
+def probed(port: int) -> Iterator[None]:
+    """Health probes on ``port`` while the block runs: every one answered, promptly."""
+    with HealthProber(port, interval=0.01) as probe:
+        yield
+    assert probe.latencies and probe.failures == 0, (probe.failures, len(probe.latencies))
+    assert max(probe.latencies) <= WORST_PROBE, max(probe.latencies)
 
 
 def inflight(gw: GatewayProcess) -> float:
@@ -130,7 +100,7 @@ def grpc_start(gw: GatewayProcess, model: str, sequence: int) -> None:
 
 
 def test_state_is_bounded_charged_and_given_back_when_sequences_end(gateway: GatewayProcess) -> None:
-    with Prober(gateway.ports["probe"]):
+    with probed(gateway.ports["probe"]):
         for i in range(FITTING):
             assert (step(gateway, RUNNING_SUM, 100 + i, 3, start=True) == 3).all()
         held = settles(gateway, lambda v: v >= FITTING * STATE, "the live sequences' state in the gauge")
@@ -154,7 +124,7 @@ def test_state_is_bounded_charged_and_given_back_when_sequences_end(gateway: Gat
 
 
 def test_an_idle_sequence_gives_its_state_back_without_another_request(gateway: GatewayProcess) -> None:
-    with Prober(gateway.ports["probe"]):
+    with probed(gateway.ports["probe"]):
         for i in range(3):
             step(gateway, "expiring", 300 + i, 1, start=True)
         settles(gateway, lambda v: v >= 3 * STATE, "the sequences' state in the gauge")
@@ -171,7 +141,7 @@ def test_a_sequence_keeps_what_its_model_needs_only(gateway: GatewayProcess) -> 
     rows, sequences = 1 << 20, 16
     step(gateway, "simple_sequence", 400, 1, rows=rows, start=True, end=True)  # buffers warmed once
     before = rss_bytes(gateway.proc.pid)
-    with Prober(gateway.ports["probe"]):
+    with probed(gateway.ports["probe"]):
         for i in range(sequences):
             assert (step(gateway, "simple_sequence", 500 + i, 2, rows=rows, start=True) == 3).all()
         # once the last answer is gone (the gauge is sampled): entries, no inputs

@@ -12,16 +12,13 @@ log, never an ERROR with a traceback.
 from __future__ import annotations
 
 import asyncio
-import http.client
-import threading
-import time
 from collections.abc import Iterator
 
 import grpc
 import pytest
 
 from gateway.protocols.v2_grpc import messages as pb
-from peers.stall_attack import rss_bytes
+from peers.stall_attack import HealthProber, rss_bytes
 from support import GatewayProcess, metric_value, scrape_metrics, wait_for, write_config
 
 MESSAGE = 4 << 20  # bytes of one request's tensor
@@ -103,45 +100,16 @@ async def vanishing_client(url: str, gw: GatewayProcess) -> None:
             await asyncio.gather(sender, return_exceptions=True)
 
 
-class HealthProbe(threading.Thread):
-    """GET /v2/health/ready on the REST listener, again and again, until stopped."""
-
-    def __init__(self, port: int) -> None:
-        super().__init__(daemon=True)
-        self.port, self.latencies, self.failures = port, [0.0], 0
-        self.stopped = threading.Event()
-
-    def run(self) -> None:
-        while not self.stopped.wait(0.05):
-            started = time.perf_counter()
-            conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
-            try:
-                conn.request("GET", "/v2/health/ready")
-                ok = conn.getresponse().status == 200
-            except OSError:
-                ok = False
-            finally:
-                conn.close()
-            if ok:
-                self.latencies.append(time.perf_counter() - started)
-            else:
-                self.failures += 1
-
-
 def test_vanished_stream_clients_give_the_budget_back(gateway: GatewayProcess) -> None:
     assert gateway.proc is not None
-    probe = HealthProbe(gateway.ports["rest"])
-    probe.start()
     rss = []
-    try:
+    with HealthProber(gateway.ports["rest"], interval=0.05) as probe:
         for _ in range(CLIENTS):
             asyncio.run(vanishing_client(gateway.url("grpc"), gateway))
             wait_for(lambda: stream_state(gateway) == (0.0, 0.0), 15, "the stream and its requests to end")
             rss.append(rss_bytes(gateway.proc.pid))
-    finally:
-        probe.stopped.set()
-        probe.join(10)
-    assert probe.failures == 0 and max(probe.latencies) <= PROBE_BOUND, (probe.failures, max(probe.latencies))
+    assert probe.latencies and probe.failures == 0 and max(probe.latencies) <= PROBE_BOUND, (probe.failures,
+                                                                                          probe.figures())
     assert rss[-1] - rss[0] <= RSS_GROWTH_BOUND, [size >> 20 for size in rss]
     wait_for(lambda: inflight(gateway) == 0, 10, "gateway_inflight_bytes to come back to 0")
     log = gateway.log()

@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from peers.stall_attack import Probe
+from peers.stall_attack import HealthProber, Probe
 
 BASE = "/v2/systemsharedmemory"
 
@@ -103,29 +103,13 @@ def probe_during(probe_port: int, target: Callable[..., dict[str, Any]], *args: 
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
     attacker = context.Process(target=_run, args=(target, args, results), daemon=True)
-    probe = Probe(f"health on port {probe_port}")
     attacker.start()
-    deadline = time.monotonic() + timeout
     try:
-        while attacker.is_alive() and results.empty() and time.monotonic() < deadline:
-            started = time.perf_counter()
-            conn = http.client.HTTPConnection("127.0.0.1", probe_port, timeout=5)
+        with HealthProber(probe_port, "/v2/health/live", interval=0.01) as probe:
             try:
-                conn.request("GET", "/v2/health/live")
-                ok = conn.getresponse().status == 200
-            except (OSError, http.client.HTTPException):
-                ok = False
-            finally:
-                conn.close()
-            if ok:
-                probe.latencies.append(time.perf_counter() - started)
-            else:
-                probe.failures += 1
-            time.sleep(0.01)
-        try:
-            result = results.get(timeout=max(1.0, deadline - time.monotonic()))
-        except queue.Empty:
-            result = {"unfinished": f"the attack did not end within {timeout:.0f} s"}
+                result = results.get(timeout=timeout)
+            except queue.Empty:
+                result = {"unfinished": f"the attack did not end within {timeout:.0f} s"}
     finally:
         attacker.join(10)
         if attacker.is_alive():

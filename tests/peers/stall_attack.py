@@ -18,6 +18,7 @@ import http.client
 import multiprocessing
 import statistics
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -117,6 +118,38 @@ class Probe:
     def figures(self) -> tuple[float, float]:
         return (statistics.median(self.latencies) if self.latencies else float("inf"),
                 max(self.latencies, default=float("inf")))
+
+
+class HealthProber(threading.Thread):
+    """``GET path`` on ``port`` again and again, each on a connection of its
+    own, until the ``with`` block ends: the latencies of the answered ones
+    and the count of the others, as a :class:`Probe` (bounded in count)."""
+
+    def __init__(self, port: int, path: str = "/v2/health/ready", interval: float = 0.02) -> None:
+        super().__init__(daemon=True)
+        self.port, self.path, self.interval = port, path, interval
+        self.probe = Probe(f"{path} on port {port}")
+        self._stopped = threading.Event()
+
+    def run(self) -> None:
+        while not self._stopped.wait(self.interval) and len(self.probe.latencies) < 100_000:
+            started = time.perf_counter()
+            try:
+                ok = _http_probe(self.port, "GET", self.path)
+            except (OSError, http.client.HTTPException):
+                ok = False
+            if ok:
+                self.probe.latencies.append(time.perf_counter() - started)
+            else:
+                self.probe.failures += 1
+
+    def __enter__(self) -> Probe:
+        self.start()
+        return self.probe
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stopped.set()
+        self.join(10)
 
 
 def _http_probe(port: int, method: str, path: str, body: bytes | None = None,
