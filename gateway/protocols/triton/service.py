@@ -79,9 +79,8 @@ class Extensions:
         await store.run(store.unregister, self.shm_owner(ctx), name)
 
     async def shm_plan(self, request: InferRequest, ctx: RequestContext) -> shm.Plan:
-        """The regions ``request`` names, checked (none: no file is read)."""
-        if not shm.named(request):
-            return shm.Plan([], {})
+        """The regions ``request`` names, checked. Asked only for a request
+        that names one (``shm.named``): every other one costs no await."""
         self.require(SYSTEM_SHARED_MEMORY)
         return await shm.registry().run(shm.plan, request, self.shm_owner(ctx))
 

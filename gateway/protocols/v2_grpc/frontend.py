@@ -352,7 +352,7 @@ class V2GrpcFrontend(Frontend):
         return await self.encode_reply(response, ctx, reservation, regions)
 
     async def decode_request(self, data: bytes, ctx: RequestContext,
-                             reservation: Reservation) -> tuple[InferRequest, shm.Plan]:
+                             reservation: Reservation) -> tuple[InferRequest, shm.Plan | None]:
         """A ModelInferRequest's bytes, decoded (big ones off the loop), with
         its inputs in shared memory read and the regions of its outputs."""
         started = time.perf_counter()
@@ -362,13 +362,15 @@ class V2GrpcFrontend(Frontend):
         # A V2 gRPC upstream may get these very bytes (see passthrough).
         infer_request.raw = passthrough.request_payload(data, infer_request)
         self._adopt_message_id(ctx, infer_request.id)
-        try:
-            regions = await self.extensions.shm_plan(infer_request, ctx)
-            await shm.run_inputs(infer_request, regions, TensorBudget.of(limits), reservation.grow,
-                                 self.services.offload)
-        except GatewayError as error:
-            raise codec.RequestError(error, infer_request.id, infer_request.model_name,
-                                     infer_request.model_version) from None
+        regions = None
+        if shm.named(infer_request):  # shared memory only when a tensor names a region: no await otherwise
+            try:
+                regions = await self.extensions.shm_plan(infer_request, ctx)
+                await shm.run_inputs(infer_request, regions, TensorBudget.of(limits), reservation.grow,
+                                     self.services.offload)
+            except GatewayError as error:
+                raise codec.RequestError(error, infer_request.id, infer_request.model_name,
+                                         infer_request.model_version) from None
         ctx.record.decode_seconds = time.perf_counter() - started
         return infer_request, regions
 

@@ -161,8 +161,9 @@ class V2RestFrontend(HttpFrontend):
             limits.max_tensor_elements, limits, keep_raw=_passthrough(route), depth_checked=True,
             charge=reservation.grow)
         # Shared memory only when a tensor names a region: one check, no awaits otherwise.
-        regions = await self.extensions.shm_plan(infer_request, ctx) if shm.named(infer_request) else None
-        if regions is not None:
+        regions = None
+        if shm.named(infer_request):
+            regions = await self.extensions.shm_plan(infer_request, ctx)
             await shm.run_inputs(infer_request, regions, TensorBudget.of(limits), reservation.grow, offload)
         ctx.record.decode_seconds = time.perf_counter() - started
         # From here the inputs (views of the body) and the client's bytes hold
