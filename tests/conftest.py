@@ -10,6 +10,7 @@ import requests
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from peers.mlserver import mlserver  # noqa: F401 - the session-wide MLServer fixture
+from peers.recording_upstream import RecordingUpstream
 from support import BUILTIN_REST_CONFIG, GatewayProcess, write_config
 
 
@@ -26,3 +27,10 @@ def http() -> Iterator[requests.Session]:
     """One keep-alive HTTP session for a module's plain-HTTP clients."""
     with requests.Session() as session:
         yield session
+
+
+@pytest.fixture(scope="module")
+def recorder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RecordingUpstream]:
+    """A V2 REST and gRPC upstream that records what it received (tests/peers/recording_upstream.py)."""
+    with RecordingUpstream(tmp_path_factory.mktemp("recorder")) as peer:
+        yield peer

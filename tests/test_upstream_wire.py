@@ -46,12 +46,6 @@ routes:
 
 
 @pytest.fixture(scope="module")
-def recorder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RecordingUpstream]:
-    with RecordingUpstream(tmp_path_factory.mktemp("recorder")) as peer:
-        yield peer
-
-
-@pytest.fixture(scope="module")
 def gateway(recorder: RecordingUpstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     directory = tmp_path_factory.mktemp("wire")
     with GatewayProcess(write_config(directory, gateway_config(recorder)), directory / "gateway.log") as gw:
