@@ -25,6 +25,8 @@ NOT_KEYS = {
     ("GatewayConfig", "source"): "where the config was read from",
     ("ListenerConfig", "options"): "the protocol's own keys, documented per protocol",
     ("UpstreamConfig", "options"): "the protocol's own keys, documented per protocol",
+    ("PolicyConfig", "kind"): "the policy's key beside `name`: the filter kind, documented per filter",
+    ("PolicyConfig", "options"): "that key's value, documented per filter",
 }
 # Keys the YAML may omit although the dataclass field has no default.
 YAML_DEFAULTS = {("RouteConfig", "match"): "{}"}

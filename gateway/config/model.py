@@ -19,6 +19,7 @@ from gateway.config.auth import CredentialConfig, SecretRef, parse_credential_co
 from gateway.config.classification import ClassificationConfig, parse_classification
 from gateway.config.extensions import DEFAULT_EXTENSIONS, GATEWAY_EXTENSIONS
 from gateway.config.node import ConfigError, EnvText, Node, expand_env, is_single_env_ref, type_scalar
+from gateway.config.policies import FilterCatalog, PolicyConfig, parse_policies, route_policies
 from gateway.config.reader import load_yaml, read_config_text
 from gateway.config.tls import CLIENT_AUTH_MODES, ListenerTls, UpstreamTls, parse_listener_tls, parse_upstream_tls
 from gateway.core.modelnames import DOT_SEGMENTS
@@ -348,6 +349,7 @@ class RouteConfig:
     # Pass the client's own Authorization header upstream (off: never sent).
     forward_authorization: bool = False
     batching: BatchingConfig | None = None  # dynamic batching; absent or null: none
+    policies: tuple[str, ...] = ()  # names of policies (filters) its requests pass, in order
 
 
 @dataclass(frozen=True, slots=True)
@@ -439,6 +441,7 @@ class GatewayConfig:
     reload: ReloadConfig = ReloadConfig()
     observability: ObservabilityConfig = ObservabilityConfig()
     classification: ClassificationConfig = field(default_factory=ClassificationConfig)
+    policies: tuple[PolicyConfig, ...] = ()  # named filters routes list (gateway/config/policies.py)
 
     def upstream(self, name: str) -> UpstreamConfig:
         return next(u for u in self.upstreams if u.name == name)
@@ -950,7 +953,7 @@ def _check_batching(item: Node, route: RouteConfig, upstreams: Mapping[str, Upst
 
 
 def _route(item: Node, listener_names: set[str], upstream_names: set[str], base_dir: Path,
-           registry: ProtocolCatalog) -> RouteConfig | None:
+           registry: ProtocolCatalog, policy_names: set[str]) -> RouteConfig | None:
     match = _route_match(item.child("match", {}), listener_names)
     name = item.string("name", "")
     if item.has("upstream") == item.has("split"):
@@ -968,12 +971,13 @@ def _route(item: Node, listener_names: set[str], upstream_names: set[str], base_
     forward_headers = _header_names(item.child("forward_headers", None))
     forward_authorization = item.flag("forward_authorization", False)
     batching = _batching(item.child("batching", None))
+    policies = route_policies(item.child("policies", None), policy_names)
     item.check_no_unknown_keys()
     if upstream is None or not (upstream or split):
         return None
     return RouteConfig(match, upstream, rewrite, timeout, options, split,
                        sticky_header.lower() if sticky_header else None, retry, mirror, forward_headers, name,
-                       forward_authorization, batching)
+                       forward_authorization, batching, policies)
 
 
 # --- gateway-wide sections ---------------------------------------------------
@@ -1055,7 +1059,7 @@ def _limits(node: Node) -> Limits:
 
 
 def parse_config(data: Any, source: str = "<string>", base_dir: Path | None = None, *,
-                 protocols: ProtocolCatalog) -> GatewayConfig:
+                 protocols: ProtocolCatalog, filters: FilterCatalog | None = None) -> GatewayConfig:
     """``base_dir``: where relative file paths in the config are resolved
     (the config file's folder; the current directory when None)."""
     base_dir = base_dir if base_dir is not None else Path.cwd()
@@ -1107,12 +1111,13 @@ def parse_config(data: Any, source: str = "<string>", base_dir: Path | None = No
             upstreams.append(upstream)
     _unique(upstreams_node, _names_of(upstreams_node), "upstream")
 
+    policies = parse_policies(root.child("policies", None), filters)
     listener_names = {x.name for x in listeners}
     upstream_names = {x.name for x in upstreams}
     routes: list[RouteConfig] = []
     routes_node = root.child("routes")
     for item in routes_node.items():
-        route = _route(item, listener_names, upstream_names, base_dir, protocols)
+        route = _route(item, listener_names, upstream_names, base_dir, protocols, {p.name for p in policies})
         if route is not None:
             if route.batching is not None:
                 _check_batching(item, route, {x.name: x for x in upstreams})
@@ -1130,10 +1135,11 @@ def parse_config(data: Any, source: str = "<string>", base_dir: Path | None = No
     if problems:
         raise ConfigError(_unexpanded(problems, texts))
     return GatewayConfig(tuple(listeners), tuple(upstreams), tuple(routes), admin, limits, server, source,
-                         drain, readiness, reload, observability, classification)
+                         drain, readiness, reload, observability, classification, policies)
 
 
-def load_config(path: str | Path | None = None, *, protocols: ProtocolCatalog) -> GatewayConfig:
+def load_config(path: str | Path | None = None, *, protocols: ProtocolCatalog,
+                filters: FilterCatalog | None = None) -> GatewayConfig:
     """Load a YAML file, or the embedded default when ``path`` is None."""
     if path is None:
         package = importlib.resources.files("gateway.config")
@@ -1144,4 +1150,4 @@ def load_config(path: str | Path | None = None, *, protocols: ProtocolCatalog) -
         text = read_config_text(path)
         source = str(path)
         base_dir = Path(path).resolve().parent
-    return parse_config(load_yaml(text), source, base_dir, protocols=protocols)
+    return parse_config(load_yaml(text), source, base_dir, protocols=protocols, filters=filters)

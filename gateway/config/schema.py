@@ -31,7 +31,8 @@ from gateway.config.tls import CLIENT_AUTH_MODES
 Json = dict[str, Any]
 
 # Fields that are no YAML key of their own (tests/test_config_docs.py: NOT_KEYS).
-NOT_KEYS = {("GatewayConfig", "source"), ("ListenerConfig", "options"), ("UpstreamConfig", "options")}
+NOT_KEYS = {("GatewayConfig", "source"), ("ListenerConfig", "options"), ("UpstreamConfig", "options"),
+            ("PolicyConfig", "kind"), ("PolicyConfig", "options")}
 # Sections that also take the keys of their protocol (read by its parse_options).
 PROTOCOL_KEYS = {"ListenerConfig", "UpstreamConfig"}
 # Keys the YAML may omit although the field has no default.
@@ -88,6 +89,10 @@ DEFS: Json = {
                                "additionalProperties": False,
                                "properties": {k: {"type": "string"} for k in ("exact", "glob", "regex")}}],
                     "description": "a name (exact, or a glob with * ? [..]), {exact: S}, {glob: S} or {regex: S}"},
+    # {name: NAME, <kind>: {options}}: the kind's key is the filter registry's (gateway/config/policies.py).
+    "PolicyConfig": {"type": "object", "required": ["name"], "minProperties": 2, "maxProperties": 2,
+                     "properties": {"name": {"type": "string"}}, "additionalProperties": {"type": ["object", "null"]},
+                     "description": "a policy: its name and one filter kind with its options"},
     "HeaderMatch": {"anyOf": [{"$ref": "#/$defs/StringMatch"},
                               {"type": "object", "properties": {"present": {"const": True}},
                                "required": ["present"], "additionalProperties": False}],
@@ -102,6 +107,8 @@ SPECIAL: dict[tuple[str, str], Json] = {
         {"$ref": "#/$defs/LoadBalancing"}]},
     ("RouteConfig", "mirror"): {"anyOf": [{"$ref": "#/$defs/Mirror"},
                                           {"type": "array", "items": {"$ref": "#/$defs/Mirror"}}]},
+    ("GatewayConfig", "policies"): {"type": "array", "items": {"$ref": "#/$defs/PolicyConfig"},
+                                    "description": "named filters routes list"},
     ("ClassificationConfig", "labels"): {
         "type": "object", "description": "model -> label file, or output name -> label file",
         "additionalProperties": {"anyOf": [{"type": "string"},

@@ -45,6 +45,8 @@ from gateway.dataplane.affinity import SequencePins, SequenceStep, sequence_step
 from gateway.dataplane.batching import Batcher, Member, batch_context, compatibility, share_facts
 from gateway.dataplane.cluster.cluster import Backends, ClientFactory, Cluster
 from gateway.dataplane.cluster.endpoint import Endpoint
+from gateway.dataplane.filters import registry as filter_registry
+from gateway.dataplane.filters.base import INFER, STREAM, Filter, FilterCall, FilterChain
 from gateway.dataplane.retry import PER_TRY_TIMEOUT, TIMEOUT, backoff_delay, error_chain, failure_reason
 from gateway.dataplane.routing import NO_FRAMING_HEADERS, FramingHeaders, Route, RouteTable, shadow_warnings
 from gateway.observability.counters import Counters, Event
@@ -63,10 +65,15 @@ __all__ = ["Cluster", "DataPlane", "Generation", "select_outputs"]
 class Generation:
     """One configuration's routes and clusters, and how many requests use them."""
 
-    def __init__(self, config: GatewayConfig, routes: RouteTable, clusters: dict[str, Cluster]) -> None:
+    def __init__(self, config: GatewayConfig, routes: RouteTable, clusters: dict[str, Cluster],
+                 filters: dict[str, Filter] | None = None) -> None:
         self.config = config
         self.routes = routes
         self.clusters = clusters
+        self.filters = filters or {}  # by policy name
+        # The filter chain of each route that lists policies, by route name.
+        self.chains = {route.name: FilterChain(tuple(self.filters[name] for name in route.config.policies))
+                       for route in routes.routes if route.config.policies}
         self.in_flight = 0
         self.idle = asyncio.Event()
         self.idle.set()
@@ -106,7 +113,7 @@ class DataPlane:
         self._rng = rng or random.Random()
         # A sequence on a split route stays with the upstream its first request went to.
         self._sequence_upstreams = SequencePins(clock=clock)
-        self._current = self._build(config, services, {})
+        self._current = self._build(config, services, {}, {})
         self._live: list[Generation] = [self._current]  # current + retiring ones
         self._tasks: set[asyncio.Task[None]] = set()  # mirrors and retirements
         self.draining = False
@@ -125,9 +132,11 @@ class DataPlane:
 
     # --- lifecycle ----------------------------------------------------------
 
-    def _build(self, config: GatewayConfig, services: Any, reuse: dict[str, Cluster]) -> Generation:
-        """Routes and clusters for ``config``; an upstream whose config did not
-        change keeps its cluster (health, ejections, connections)."""
+    def _build(self, config: GatewayConfig, services: Any, reuse: dict[str, Cluster],
+               reuse_filters: dict[str, Filter]) -> Generation:
+        """Routes, clusters and filters for ``config``; an upstream whose
+        config did not change keeps its cluster (health, ejections,
+        connections), a policy its filter (its state)."""
         for warning in starvation_warnings(config) + shadow_warnings(config):
             log.warning("%s", warning)
         clusters: dict[str, Cluster] = {}
@@ -136,7 +145,13 @@ class DataPlane:
             clusters[upstream.name] = old if old is not None and old.config == upstream else Cluster(
                 upstream, services, self.counters, backends=self._backends, client_factory=self._client_factory,
                 clock=self._clock, rng=self._rng)
-        return Generation(config, RouteTable(config, self._framing_headers), clusters)
+        filters: dict[str, Filter] = {}
+        for policy in config.policies:
+            old_filter = reuse_filters.get(policy.name)
+            same = old_filter is not None and (old_filter.kind, old_filter.options) == (policy.kind, policy.options)
+            filters[policy.name] = old_filter if same and old_filter is not None else \
+                filter_registry.load(policy.kind)(policy.name, policy.options, services)
+        return Generation(config, RouteTable(config, self._framing_headers), clusters, filters)
 
     async def start(self) -> None:
         await asyncio.gather(*(cluster.start() for cluster in self.clusters.values()))
@@ -148,6 +163,9 @@ class DataPlane:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         clusters = {id(c): c for g in self._live for c in g.clusters.values()}
         await asyncio.gather(*(c.close() for c in clusters.values()))
+        filters = {id(f): f for g in self._live for f in g.filters.values()}
+        for step in filters.values():
+            await _close_filter(step)
 
     async def swap(self, config: GatewayConfig, services: Any) -> None:
         """Build and start routes and clusters for ``config`` and switch to
@@ -156,7 +174,7 @@ class DataPlane:
         start; the old configuration then keeps serving."""
         old = self._current
         self._services = services
-        new = self._build(config, services, old.clusters)
+        new = self._build(config, services, old.clusters, old.filters)
         kept = {id(c) for c in old.clusters.values()}
         fresh = [c for c in new.clusters.values() if id(c) not in kept]
         try:
@@ -173,6 +191,7 @@ class DataPlane:
         self._live.remove(generation)
         still_used = {id(c) for g in self._live for c in g.clusters.values()}
         await asyncio.gather(*(c.close() for c in generation.clusters.values() if id(c) not in still_used))
+        await _close_filters(generation, self._live)
 
     def _spawn(self, coro: Awaitable[None], name: str) -> None:
         task = asyncio.ensure_future(coro)
@@ -404,25 +423,34 @@ class DataPlane:
         generation = self._current
         generation.enter()  # generation.use(), without a generator-based context manager on the hot path
         try:
-            asked_model, asked_version = request.model_name, request.model_version
-            route = self._resolve(generation, asked_model, asked_version, ctx)
+            route = self._resolve(generation, request.model_name, request.model_version, ctx)
             ctx.record.batch_size = batch_size(request.inputs)  # a routed inference, for the statistics
-            model, version = self._target(route, asked_model, asked_version)
-            # A copy when renamed, or for mirrors: they outlive the call, and the
-            # frontend drops the request's inputs once it has its answer.
-            copied = model != asked_model or version != asked_version or route.config.mirror
-            upstream_request = dataclasses.replace(request, model_name=model, model_version=version) \
-                if copied else request
-            if route.config.mirror:
-                self._start_mirrors(generation, route, upstream_request, ctx)
-            sequence = sequence_step(request.parameters) if request.parameters else None
-            if route.config.batching is None or sequence is not None:  # a sequence's step is never batched
-                response = await self._call(generation, route, ctx, lambda c: c.infer(upstream_request, ctx),
-                                            sequence=sequence)
-            else:
-                response = await self._batched(generation, route, route.config.batching, upstream_request, ctx)
+            chain = generation.chains.get(route.name) if generation.chains else None
+            if chain is None:
+                return await self._infer(generation, route, request, ctx)
+            return await chain.run(FilterCall(request, ctx, route, INFER),
+                                   lambda: self._infer(generation, route, request, ctx))
         finally:
             generation.exit()
+
+    async def _infer(self, generation: Generation, route: Route, request: InferRequest,
+                     ctx: RequestContext) -> InferResponse:
+        """The upstream half of :meth:`infer`: rewrite, mirrors, batching or attempts."""
+        asked_model, asked_version = request.model_name, request.model_version
+        model, version = self._target(route, asked_model, asked_version)
+        # A copy when renamed, or for mirrors: they outlive the call, and the
+        # frontend drops the request's inputs once it has its answer.
+        copied = model != asked_model or version != asked_version or route.config.mirror
+        upstream_request = dataclasses.replace(request, model_name=model, model_version=version) \
+            if copied else request
+        if route.config.mirror:
+            self._start_mirrors(generation, route, upstream_request, ctx)
+        sequence = sequence_step(request.parameters) if request.parameters else None
+        if route.config.batching is None or sequence is not None:  # a sequence's step is never batched
+            response = await self._call(generation, route, ctx, lambda c: c.infer(upstream_request, ctx),
+                                        sequence=sequence)
+        else:
+            response = await self._batched(generation, route, route.config.batching, upstream_request, ctx)
         return _as_asked(response, request, route)
 
     async def infer_stream(self, request: InferRequest, ctx: RequestContext,
@@ -437,34 +465,57 @@ class DataPlane:
         try:
             route = self._resolve(generation, request.model_name, request.model_version, ctx)
             ctx.record.batch_size = batch_size(request.inputs)
-            model, version = self._target(route, request.model_name, request.model_version)
-            upstream_request = request if (model, version) == (request.model_name, request.model_version) \
-                else dataclasses.replace(request, model_name=model, model_version=version)
-            broken: list[Exception] = []
+            chain = generation.chains.get(route.name) if generation.chains else None
+            if chain is None:
+                await self._infer_stream(generation, route, request, ctx, deliver)
+                return
+            call = FilterCall(request, ctx, route, STREAM)
+            ran, early = await chain.before(call)
+            try:
+                if early is not None:
+                    await deliver(StreamedResponse(early, final=True))
+                    return
 
-            async def relay(client: Backend) -> None:
-                delivered = False
-                try:
-                    parts = client.infer_stream(upstream_request, ctx)
-                    try:
-                        async for part in parts:
-                            part.response = _as_asked(part.response, request, route)
-                            delivered = True
-                            await deliver(part)
-                    finally:
-                        # Closed at once when this ends early (cancel, deadline): the upstream's stream ends too.
-                        close = getattr(parts, "aclose", None)
-                        if close is not None:
-                            await close()
-                except Exception as exc:
-                    if not delivered:
-                        raise
-                    broken.append(exc)
+                async def filtered(part: StreamedResponse) -> None:
+                    part.response = await chain.after(ran, call, part.response)
+                    await deliver(part)
 
-            sequence = sequence_step(request.parameters) if request.parameters else None
-            await self._call(generation, route, ctx, relay, sequence=sequence)
+                await self._infer_stream(generation, route, request, ctx, filtered)
+            except GatewayError as error:
+                chain.failed(ran, call, error)
+                raise
         finally:
             generation.exit()
+
+    async def _infer_stream(self, generation: Generation, route: Route, request: InferRequest, ctx: RequestContext,
+                            deliver: Callable[[StreamedResponse], Awaitable[None]]) -> None:
+        """The upstream half of :meth:`infer_stream`."""
+        model, version = self._target(route, request.model_name, request.model_version)
+        upstream_request = request if (model, version) == (request.model_name, request.model_version) \
+            else dataclasses.replace(request, model_name=model, model_version=version)
+        broken: list[Exception] = []
+
+        async def relay(client: Backend) -> None:
+            delivered = False
+            try:
+                parts = client.infer_stream(upstream_request, ctx)
+                try:
+                    async for part in parts:
+                        part.response = _as_asked(part.response, request, route)
+                        delivered = True
+                        await deliver(part)
+                finally:
+                    # Closed at once when this ends early (cancel, deadline): the upstream's stream ends too.
+                    close = getattr(parts, "aclose", None)
+                    if close is not None:
+                        await close()
+            except Exception as exc:
+                if not delivered:
+                    raise
+                broken.append(exc)
+
+        sequence = sequence_step(request.parameters) if request.parameters else None
+        await self._call(generation, route, ctx, relay, sequence=sequence)
         if broken:
             error = broken[0]
             if isinstance(error, GatewayError):  # an upstream's words may name an address: cut, as before a response
@@ -596,6 +647,21 @@ class DataPlane:
                     names += [n for n in listed if n not in names and route.matches(
                         n, "", ctx.listener, ctx.protocol, ctx.headers)]
         return names
+
+
+async def _close_filters(generation: Generation, live: list[Generation]) -> None:
+    """Close the filters of ``generation`` that no generation in ``live`` uses."""
+    used = {id(f) for g in live for f in g.filters.values()}
+    for step in generation.filters.values():
+        if id(step) not in used:
+            await _close_filter(step)
+
+
+async def _close_filter(step: Filter) -> None:
+    try:
+        await step.close()
+    except Exception:
+        log.exception("closing the filter of policy %r failed", step.name)
 
 
 def _sequence_endpoint(cluster: Cluster, sequence: SequenceStep) -> Endpoint | None:

@@ -1,0 +1,30 @@
+"""Which filter kinds a policy may name, and where their code lives.
+
+One line per filter: its kind (the policy's key in the YAML) and its class as
+"module:Class", imported on first use so a gateway that configures no policy
+imports none. A new filter = one module + one line here.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from gateway.config.node import Node
+
+FILTERS: dict[str, str] = {
+}
+
+
+def kinds() -> list[str]:
+    return sorted(FILTERS)
+
+
+def load(kind: str) -> Any:
+    """The filter class of ``kind`` (a gateway.dataplane.filters.base.Filter); KeyError if unknown."""
+    module, _, name = FILTERS[kind].partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def parse_options(kind: str, node: Node) -> Any:
+    return load(kind).parse_options(node)
