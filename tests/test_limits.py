@@ -398,7 +398,7 @@ async def test_concurrent_requests_past_the_limit_are_refused_at_once(gateway: I
     async with aiohttp.ClientSession() as session:
         rest = base(gateway, "rest")
         hung = [asyncio.create_task(session.post(rest + "/v2/models/slow/infer", data=slow)) for _ in range(REQUESTS)]
-        await _until(lambda: gateway.gateway.frontends["rest"].guard.requests == REQUESTS)  # type: ignore[attr-defined]
+        await _until(lambda: gateway.gateway.frontends["rest"].cycle.requests == REQUESTS)  # type: ignore[attr-defined]
         status, reply = await post_json(session, rest + IDENTITY, slow)
         assert status == 429 and "limits.max_concurrent_requests" in reply["error"]
         async with session.get(rest + "/v2/health/ready") as probe:
@@ -409,34 +409,34 @@ async def test_concurrent_requests_past_the_limit_are_refused_at_once(gateway: I
                  for _ in range(REQUESTS)]
         hung += [asyncio.create_task(session.post(gs + "/invocations", data=orjson.dumps(movielens()), headers={
             **JSON, "X-Amzn-SageMaker-Target-Model": "gnn-slow"})) for _ in range(REQUESTS)]
-        await _until(lambda: all(gateway.gateway.frontends[n].guard.requests == REQUESTS  # type: ignore[attr-defined]
+        await _until(lambda: all(gateway.gateway.frontends[n].cycle.requests == REQUESTS  # type: ignore[attr-defined]
                                  for n in ("umb", "gs")))
         status, reply = await post_json(session, umb + "/Evaluate", orjson.dumps(GOOD_UMBRIDGE))
         assert (status, reply["error"]["type"]) == (429, "Overloaded")
         status, reply = await post_json(session, gs + "/invocations", b"{}")
         assert (status, reply["status_code"]) == (429, 500) and "max_concurrent_requests" in reply["error"]
         # Refused at once: answered while every slot is still held by a hung request.
-        assert all(gateway.gateway.frontends[n].guard.requests == REQUESTS  # type: ignore[attr-defined]
+        assert all(gateway.gateway.frontends[n].cycle.requests == REQUESTS  # type: ignore[attr-defined]
                    for n in ("rest", "umb", "gs"))
         async with grpc.aio.insecure_channel(gateway.url("grpc")[7:]) as channel:
             async def slow_call() -> Any:
                 return await grpc_infer(channel)(grpc_request(("FP32", [1], b"\0" * 4), model="slow"), timeout=30)
 
             calls = [asyncio.create_task(slow_call()) for _ in range(REQUESTS)]
-            await _until(lambda: gateway.gateway.frontends["grpc"].active == REQUESTS)  # type: ignore[attr-defined]
+            await _until(lambda: gateway.gateway.frontends["grpc"].cycle.requests == REQUESTS)  # type: ignore[attr-defined]
             code, details = await grpc_error(channel, grpc_request(("UINT8", [1], b"\1")))
             assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "max_concurrent_requests" in details
             for call in calls:
                 call.cancel()
             await asyncio.gather(*calls, return_exceptions=True)
-            await _until(lambda: gateway.gateway.frontends["grpc"].active == 0)  # type: ignore[attr-defined]
+            await _until(lambda: gateway.gateway.frontends["grpc"].cycle.requests == 0)  # type: ignore[attr-defined]
             await assert_grpc_serves(channel)
         for task in hung:
             task.cancel()
         await asyncio.gather(*hung, return_exceptions=True)
     # Slots free up when the upstream calls end (aiohttp lets a handler run
     # on after its client leaves); fresh clients are served again.
-    await _until(lambda: all(gateway.gateway.frontends[n].guard.requests == 0  # type: ignore[attr-defined]
+    await _until(lambda: all(gateway.gateway.frontends[n].cycle.requests == 0  # type: ignore[attr-defined]
                              for n in ("rest", "umb", "gs")))
     async with aiohttp.ClientSession() as session:
         await assert_rest_serves(session, gateway)

@@ -18,6 +18,7 @@ from gateway.protocols.base import Frontend
 from gateway.runtime.auth import Authenticator
 from gateway.runtime.budget import Reservation
 from gateway.runtime.tls import ServerTls
+from gateway.transport.cycle import Refusals, RequestCycle
 from gateway.transport.http_server.aiohttp_app import (
     RESERVATION,
     _GuardedServer,
@@ -25,9 +26,7 @@ from gateway.transport.http_server.aiohttp_app import (
     _reply_headers,
     access_logger_class,
     aiohttp_reply,
-    auth_middleware,
-    guard_middleware,
-    observing_middleware,
+    cycle_middleware,
     read_body,
     request_context,
 )
@@ -113,10 +112,19 @@ class HttpFrontend(Frontend):
         guard = getattr(self, "_guard", None)
         if guard is None:
             limits = self.services.config.limits
-            guard = self._guard = ListenerGuard(self.listener.name, limits.max_connections,
-                                                limits.max_concurrent_requests, self.max_body, self.render_error,
-                                                self.probe_paths)
+            guard = self._guard = ListenerGuard(self.listener.name, limits.max_connections, self.max_body,
+                                                self.render_error)
         return guard
+
+    @property
+    def cycle(self) -> RequestCycle:
+        """The listener's request cycle, driven by both its servers."""
+        cycle = getattr(self, "_cycle", None)
+        if cycle is None:
+            cycle = self._cycle = RequestCycle(self.listener.name, self.listener.protocol, self.services,
+                                               self.services.config.limits.max_concurrent_requests, self.probe_paths)
+            cycle.passes = (web.HTTPException,)
+        return cycle
 
     def reservation(self, request: web.Request) -> Reservation:
         """What this request holds of the memory budget (released when its
@@ -147,21 +155,16 @@ class HttpFrontend(Frontend):
     def new_app(self, middlewares: list[Callable[..., Awaitable[Any]]]) -> web.Application:
         # aiohttp's own 1 MiB default is far too small for tensors; the body
         # limit is applied deliberately, one byte over so our check answers.
-        first: list[Callable[..., Awaitable[Any]]] = [observing_middleware(self), self._close_when_draining]
+        cycle = self.cycle
         if self.listener.auth is not None:  # tokens are read here, when the listener starts
-            self._authenticator = Authenticator(self.listener.auth)
-            first.append(auth_middleware(self._authenticator, self.probe_paths, self.render_error))
-        first.append(guard_middleware(self.guard))
-        return web.Application(client_max_size=self.max_body + 1, middlewares=[*first, *middlewares])
+            cycle.credentials = self._authenticator = Authenticator(self.listener.auth)
+        form = Refusals(self.render_error, _response_headers, self._challenge)
+        first = cycle_middleware(cycle, form, self.guard, lambda: self.dataplane.draining)
+        return web.Application(client_max_size=self.max_body + 1, middlewares=[first, *middlewares])
 
-    @web.middleware
-    async def _close_when_draining(self, request: web.Request, handler: Any) -> web.StreamResponse:
-        """While draining, answer with ``Connection: close`` so clients move
-        their keep-alive connections elsewhere before the listener closes."""
-        response: web.StreamResponse = await handler(request)
-        if self.dataplane.draining:
-            response.force_close()
-        return response
+    def _challenge(self) -> str:
+        """What a 401 says of the credentials it wants (WWW-Authenticate)."""
+        return self._authenticator.challenge if self._authenticator is not None else ""
 
     async def start(self) -> None:
         # auto_decompress off: read_body inflates under the size limit itself.
@@ -193,7 +196,7 @@ class HttpFrontend(Frontend):
         routes = FastRoutes(self.fast_routes(), fixed) if self.listener.fast_path else FastRoutes(())
         self._fast = FastListener(
             self.listener.name, self.listener.protocol, self.services, routes, self.guard, self.error_reply,
-            handoff=factory._handler, authenticator=lambda: self._authenticator,
+            handoff=factory._handler, cycle=self.cycle,
             draining=lambda: self.dataplane.draining, max_body=self.max_body,
             status_kinds=self.status_kinds) if routes else None
         factory.install(self.guard, self._fast)
@@ -223,6 +226,10 @@ class HttpFrontend(Frontend):
             await asyncio.gather(*closing)
             await self._runner.cleanup()
             self._runner = None
+
+
+def _response_headers(response: web.StreamResponse) -> Any:
+    return response.headers
 
 
 class AiohttpRequest(HttpRequest):

@@ -27,7 +27,6 @@ from gateway.config.node import Node
 from gateway.core.errors import ErrorKind, GatewayError, malformed, unsupported
 from gateway.core.limits import BYTES_ELEMENT_COST, TensorBudget
 from gateway.core.record import (
-    OUTCOME_CANCELLED,
     PASSTHROUGH_RENAMED,
     PASSTHROUGH_VERBATIM,
     TRACEPARENT_HEADER,
@@ -36,7 +35,6 @@ from gateway.core.record import (
     accept_request_id,
     accept_traceparent,
     accept_tracestate,
-    finish_request,
     operation_label,
 )
 from gateway.core.types import InferRequest, InferResponse, RequestContext
@@ -49,6 +47,7 @@ from gateway.protocols.v2_grpc.stream import OPERATION, StreamSession
 from gateway.runtime.auth import Authenticator
 from gateway.runtime.budget import Reservation
 from gateway.runtime.tls import ServerTls
+from gateway.transport.cycle import RequestCycle
 
 if TYPE_CHECKING:
     from gateway.config.model import Limits
@@ -135,6 +134,25 @@ def _metadata_of(pairs: Any) -> dict[str, str]:
     return {key.lower(): value for key, value in pairs or () if isinstance(value, str)}
 
 
+@dataclass(frozen=True, slots=True)
+class GrpcRefusal:
+    """A refused or failed call: the status it ends with."""
+
+    code: grpc.StatusCode
+    message: str
+
+
+class _GrpcForm:
+    """The cycle's errors as gRPC statuses (codec.encode_error)."""
+
+    @staticmethod
+    def refusal(error: GatewayError, status: int | None) -> GrpcRefusal:
+        return GrpcRefusal(*codec.encode_error(error))
+
+
+GRPC_FORM = _GrpcForm()
+
+
 class ReflectionAuth(grpc.aio.ServerInterceptor):
     """Checks credentials on reflection calls, which bypass our handlers
     (the inference methods check them in ``handle``, where they are logged)."""
@@ -166,15 +184,9 @@ class V2GrpcFrontend(Frontend):
     _tls: ServerTls | None = None
     _authenticator: Authenticator | None = None
     extensions: Extensions
-    active = 0  # requests in flight (grpc's own health service not counted)
-
-    def check_active(self) -> None:
-        """OVERLOADED when the requests in flight, the caller's counted, pass
-        the listener's limit: refused at once, never queued."""
-        limit = self.services.config.limits.max_concurrent_requests
-        if self.active > limit:
-            raise GatewayError(ErrorKind.OVERLOADED, f"the listener is handling {limit} requests, its limit "
-                               "(limits.max_concurrent_requests); retry later")
+    # The listener's request cycle (gateway/transport/cycle.py): unary calls
+    # and each request of a stream; grpc's own health service not counted.
+    cycle: RequestCycle
 
     @classmethod
     def parse_options(cls, node: Node) -> GrpcListenerOptions:
@@ -192,8 +204,10 @@ class V2GrpcFrontend(Frontend):
         limits = self.services.config.limits
         logging.getLogger("grpc._cython.cygrpc").addFilter(_UNDECODABLE_METADATA)  # added once
         # Tokens and certificates are read now, when the listener starts.
+        self.cycle = RequestCycle(self.listener.name, PROTOCOL, self.services, limits.max_concurrent_requests,
+                                  PUBLIC_METHODS)
         if self.listener.auth is not None:
-            self._authenticator = Authenticator(self.listener.auth)
+            self.cycle.credentials = self._authenticator = Authenticator(self.listener.auth)
         interceptors = [ReflectionAuth(self._authenticator)] if self._authenticator is not None else []
         server = grpc.aio.server(options=server_options(limits.max_request_bytes, self.services.reuse_port, limits),
                                  interceptors=interceptors)
@@ -240,27 +254,19 @@ class V2GrpcFrontend(Frontend):
         operation: Callable[[Any, RequestContext], Awaitable[Any]] = getattr(self, f"_{name}", None) or _refuse(name)
         type_name = request_class.DESCRIPTOR.full_name
         services = self.services
-        in_flight = services.metrics.requests_in_flight(self.listener.name, PROTOCOL)
         operation_name = rpc_operation(name)
         path = pb.method_path(name)
 
         async def handle(data: bytes, context: grpc.aio.ServicerContext) -> Any:
+            cycle = self.cycle
             ctx = self._context(context)
             record = ctx.record
-            record.operation, record.method, record.peer = operation_name, "POST", context.peer() or ""
-            record.path = path
+            cycle.begin(ctx, operation_name, "POST", path, context.peer() or "")
             record.request_bytes = len(data)
-            if services.tracing is not None:
-                services.tracing.start(ctx)
-            in_flight.inc()
-            self.active += 1
-            failure: GatewayError
             reservation = services.budget.reserve()
             _RESERVATION.set(reservation)
-            try:
-                if self._authenticator is not None and name not in PUBLIC_METHODS:
-                    self._authenticator.check(ctx.headers)
-                self.check_active()
+
+            async def call() -> Any:
                 reservation.grow(len(data))  # grpc has read it already: counted from here on
                 if name in PARSED_BY_HANDLER:
                     message: Any = data
@@ -270,30 +276,27 @@ class V2GrpcFrontend(Frontend):
                     except DecodeError:
                         raise malformed(f"the request is not a valid {type_name} message") from None
                     self._adopt_message_id(ctx, str(getattr(message, "id", "")))
-                reply = await operation(message, ctx)
-                size = len(reply) if isinstance(reply, bytes) else reply.ByteSize()
-                record.status, record.response_bytes = grpc.StatusCode.OK.name, size
-                return reply
-            except GatewayError as error:
-                failure = error
+                return await operation(message, ctx)
+
+            try:
+                answer: Any = await cycle.run(ctx, name in cycle.probes, call, GRPC_FORM)
             except asyncio.CancelledError:  # the client went away or its deadline passed
-                record.status, record.outcome = grpc.StatusCode.CANCELLED.name, OUTCOME_CANCELLED
+                cycle.cancelled(ctx, grpc.StatusCode.CANCELLED.name, len(data))
                 raise
-            except Exception:
-                log.exception("unhandled error in %s", name)
-                failure = GatewayError(ErrorKind.INTERNAL, "internal error")
             finally:
                 reservation.release()
-                in_flight.dec()
-                self.active -= 1
+                cycle.end()
                 context.set_trailing_metadata(tuple(ctx.upstream_headers().items()))
-                if record.status:
-                    # Metrics and the access log wait for the next turn of the loop:
-                    # grpc starts sending the answer as soon as this returns.
-                    asyncio.get_running_loop().call_soon(finish_request, services, ctx)
-            code, message = codec.recorded_error(failure, record)
-            finish_request(services, ctx)
-            await context.abort(code, message)
+            if type(answer) is GrpcRefusal:
+                record.status = answer.code.name
+                cycle.finish(ctx)
+                await context.abort(answer.code, answer.message)
+            record.status = grpc.StatusCode.OK.name
+            record.response_bytes = len(answer) if isinstance(answer, bytes) else answer.ByteSize()
+            # Metrics and the access log wait for the next turn of the loop:
+            # grpc starts sending the answer as soon as this returns.
+            asyncio.get_running_loop().call_soon(cycle.finish, ctx)
+            return answer
 
         return handle
 
@@ -423,7 +426,7 @@ class V2GrpcFrontend(Frontend):
                                        "(limits.max_open_streams); retry later")
             except GatewayError as error:  # the stream is refused as a whole
                 code, message = codec.recorded_error(error, ctx.record)
-                finish_request(services, ctx)
+                self.cycle.finish(ctx)
                 await context.abort(code, message)
             open_streams = services.metrics.streams_open(self.listener.name, PROTOCOL)
             self._streams += 1

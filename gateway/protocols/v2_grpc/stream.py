@@ -32,12 +32,13 @@ import grpc
 
 from gateway.core.contracts import StreamedResponse
 from gateway.core.errors import ErrorKind, GatewayError
-from gateway.core.record import OUTCOME_CANCELLED, finish_request
+from gateway.core.record import OUTCOME_CANCELLED
 from gateway.core.types import InferRequest, InferResponse, RequestContext
 from gateway.protocols.base import DataPlaneApi
 from gateway.protocols.v2_grpc import codec, rawwire
 from gateway.protocols.v2_grpc import messages as pb
 from gateway.runtime.budget import Reservation
+from gateway.transport.cycle import RequestCycle
 
 log = logging.getLogger(__name__)
 
@@ -104,9 +105,7 @@ class StreamHost(Protocol):
 
     services: Any
     dataplane: DataPlaneApi
-    active: int  # requests in flight on the listener, streams' included
-
-    def check_active(self) -> None: ...
+    cycle: RequestCycle  # the listener's: its limit counts the streams' requests too
 
     def stream_request_context(self, stream_ctx: RequestContext) -> RequestContext: ...
 
@@ -205,15 +204,17 @@ class StreamSession:
 
     async def _admit(self, data: bytes) -> None:
         frontend, services = self.frontend, self.services
+        cycle = frontend.cycle
         ctx = frontend.stream_request_context(self.stream_ctx)
-        ctx.record.operation, ctx.record.request_bytes = OPERATION, len(data)
-        if services.tracing is not None:
-            services.tracing.start(ctx)
-        services.metrics.requests_in_flight(ctx.listener, ctx.protocol).inc()
-        frontend.active += 1
+        record = ctx.record
+        cycle.begin(ctx, OPERATION, record.method, record.path, record.peer)
+        record.request_bytes = len(data)
+        busy = cycle.over_limit()
+        cycle.requests += 1  # given back with the rest of its accounting (_end)
         state = _Request(ctx, services.budget.reserve())
         try:
-            frontend.check_active()
+            if busy is not None:
+                raise busy
             state.reservation.grow(len(data))
             request, regions = await frontend.decode_request(data, ctx, state.reservation)
         except asyncio.CancelledError:
@@ -291,11 +292,12 @@ class StreamSession:
         if cancelled:
             ctx.record.status, ctx.record.outcome = "CANCELLED", OUTCOME_CANCELLED
         state.reservation.release()
-        self.services.metrics.requests_in_flight(ctx.listener, ctx.protocol).dec()
-        self.frontend.active -= 1
+        cycle = self.frontend.cycle
+        cycle.requests -= 1
+        cycle.end()
         self.slots.release()
         self.services.metrics.observe_stream_request(ctx.listener, ctx.protocol, state.responses, state.first_seconds)
-        finish_request(self.services, ctx)
+        cycle.finish(ctx)
 
 
 def _drop_cancellation(task: asyncio.Future[None]) -> None:

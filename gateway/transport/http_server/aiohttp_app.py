@@ -13,7 +13,7 @@ import logging
 import ssl
 from collections.abc import Awaitable, Callable, Mapping
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import hdrs, web
 from aiohttp.abc import AbstractAccessLogger
@@ -34,15 +34,14 @@ from multidict import CIMultiDict, CIMultiDictProxy
 
 from gateway.core.errors import ErrorKind, GatewayError, malformed, too_large
 from gateway.core.record import (
-    OUTCOME_CANCELLED,
     echo_ids,
     finish_request,
 )
 from gateway.core.types import RequestContext
-from gateway.runtime.auth import Authenticator
 from gateway.runtime.budget import Reservation
 from gateway.runtime.offload import Offloader
 from gateway.transport.acceptor import Acceptor, bind
+from gateway.transport.cycle import Form, RequestCycle
 from gateway.transport.http_server.body import decompress, request_coding
 from gateway.transport.http_server.exchange import (
     HttpReply,
@@ -55,8 +54,7 @@ from gateway.transport.http_server.fast import FastConnection, FastListener
 from gateway.transport.http_server.guard import ListenerGuard
 
 if TYPE_CHECKING:
-    from gateway.config.model import ListenerConfig
-    from gateway.runtime.services import GatewayServices
+    pass
 
 log = logging.getLogger(__name__)
 
@@ -182,73 +180,70 @@ def _operation(request: web.Request) -> str:
     return getattr(match_info.handler, "__name__", "other")
 
 
-class ObservedListener(Protocol):
-    """What the observing middleware needs of its listener (an HttpFrontend)."""
-
-    @property
-    def listener(self) -> ListenerConfig: ...
-
-    @property
-    def services(self) -> GatewayServices: ...
-
-
-def observing_middleware(frontend: ObservedListener) -> Callable[..., Awaitable[web.StreamResponse]]:
-    """Outermost middleware: request context, in-flight gauge, ids echoed on
-    every answer. The access-log hook below records the request once sent."""
-    listener, protocol = frontend.listener.name, frontend.listener.protocol
-    in_flight = frontend.services.metrics.requests_in_flight(listener, protocol)
-    services = frontend.services
-    tracing = services.tracing
+def cycle_middleware(cycle: RequestCycle, form: Form[web.StreamResponse], guard: ListenerGuard,
+                     draining: Callable[[], bool]) -> Callable[..., Awaitable[web.StreamResponse]]:
+    """Outermost middleware: the aiohttp app's adapter to the listener's
+    request cycle (gateway/transport/cycle.py), shared with the fast path:
+    context and ids, admission, errors in the protocol's form, 499. The
+    access-log hook below finishes the request once its answer is sent."""
 
     @web.middleware
-    async def observe(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-                      ) -> web.StreamResponse:
-        ctx = request_context(request, listener, protocol)
+    async def serve(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                    ) -> web.StreamResponse:
+        ctx = request_context(request, cycle.listener, cycle.protocol)
         request[CONTEXT] = ctx
-        record = ctx.record
-        record.operation = _operation(request)
-        record.method, record.path, record.peer = request.method, request.path, request.remote or ""
-        if tracing is not None:
-            tracing.start(ctx)
-        in_flight.inc()
+        cycle.begin(ctx, _operation(request), request.method, request.path, request.remote or "")
         # The client may also go away while the answer is written, after this
         # returns: aiohttp then cancels the request's task and logs nothing.
         task = asyncio.current_task()
         if task is not None:
-            task.add_done_callback(functools.partial(_finish_if_cancelled, services, ctx, request))
+            task.add_done_callback(functools.partial(_finish_if_cancelled, cycle, ctx, request))
         try:
-            response = await handler(request)
+            if getattr(request.protocol, "over_limit", False):
+                response = cycle.refuse(ctx, GatewayError(ErrorKind.OVERLOADED, guard.over_connections_message()),
+                                        None, form)
+                response.force_close()
+            else:
+                response = await cycle.run(ctx, request.path in cycle.probes,
+                                           lambda: _admitted(guard, request, handler), form)
         except web.HTTPException as exc:
             echo_ids(exc.headers, ctx)
             raise
         except asyncio.CancelledError:
-            _finish_cancelled(services, ctx, request)
+            cycle.cancelled(ctx, "499", request.content.total_bytes)
             raise
         finally:
-            in_flight.dec()
+            cycle.end()
             held = request.get(RESERVATION)  # what it held of the memory budget
             if held is not None:
                 held.release()
+        if draining():
+            # Clients move their keep-alive connections elsewhere before the listener closes.
+            response.force_close()
         echo_ids(response.headers, ctx)
         return response
 
-    return observe
+    return serve
 
 
-def _finish_if_cancelled(services: Any, ctx: RequestContext, request: web.Request, task: asyncio.Task[Any]) -> None:
+async def _admitted(guard: ListenerGuard, request: web.Request,
+                    handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+    """An admitted request: `Expect` answered (or refused) from its head,
+    then the handler; a request whose body was abandoned closes its connection."""
+    if _EXPECT in request:
+        refusal = await _answer_expectation(guard, request)
+        if refusal is not None:
+            return refusal
+    response = await handler(request)
+    if request.get(_ABANDONED):
+        response.force_close()
+    return response
+
+
+def _finish_if_cancelled(cycle: RequestCycle, ctx: RequestContext, request: web.Request,
+                         task: asyncio.Task[Any]) -> None:
     if task.cancelled():
-        _finish_cancelled(services, ctx, request)
-
-
-def _finish_cancelled(services: Any, ctx: RequestContext, request: web.Request) -> None:
-    """Record a request whose client went away before its answer was sent:
-    nginx's 499, at the access log's level (never an error)."""
-    record = ctx.record
-    if record.finished:
-        return
-    record.status, record.outcome = "499", OUTCOME_CANCELLED
-    record.request_bytes = request.content.total_bytes
-    finish_request(services, ctx)
+        cycle.cancelled(ctx, "499", request.content.total_bytes)
 
 
 class RecordingAccessLogger(AbstractAccessLogger):
@@ -279,29 +274,6 @@ def access_logger_class(services: Any, status_kinds: Mapping[int, ErrorKind]) ->
     return type("GatewayAccessLogger", (RecordingAccessLogger,), {"services": services, "status_kinds": status_kinds})
 
 
-def auth_middleware(authenticator: Authenticator, public_paths: frozenset[str],
-                    respond: Callable[[GatewayError, int | None], web.StreamResponse]
-                    ) -> Callable[..., Awaitable[web.StreamResponse]]:
-    """Refuse requests without an accepted token, in the protocol's own
-    error form (``respond``), except on ``public_paths`` (health probes)."""
-
-    @web.middleware
-    async def authenticate(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-                           ) -> web.StreamResponse:
-        if request.path not in public_paths:
-            try:
-                authenticator.check(request.headers)
-            except GatewayError as error:
-                note_error(request, error)
-                response = respond(error, 401)
-                if authenticator.challenge:
-                    response.headers["WWW-Authenticate"] = authenticator.challenge
-                return response
-        return await handler(request)
-
-    return authenticate
-
-
 # --- listener limits: connections, concurrent requests, malformed HTTP --------------
 
 Render = Callable[[GatewayError, "int | None"], web.StreamResponse]
@@ -311,37 +283,6 @@ Render = Callable[[GatewayError, "int | None"], web.StreamResponse]
 # would send the 100 before any middleware could refuse the request.
 _EXPECT = web.RequestKey("gateway_expect", str)
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
-
-
-def guard_middleware(guard: ListenerGuard) -> Callable[..., Awaitable[web.StreamResponse]]:
-    """The guard's checks of each request the aiohttp app serves: the
-    connection limit, max_concurrent_requests (health probes exempt),
-    `Expect`; a request whose body was abandoned closes its connection."""
-
-    @web.middleware
-    async def admit(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-                    ) -> web.StreamResponse:
-        if getattr(request.protocol, "over_limit", False):
-            return _refuse(guard, request, guard.over_connections_message(), close=True)
-        probe = request.path in guard.probe_paths
-        if not probe and guard.requests >= guard.max_requests:
-            return _refuse(guard, request, guard.busy_message())
-        if _EXPECT in request:
-            refusal = await _answer_expectation(guard, request)
-            if refusal is not None:
-                return refusal
-        if probe:
-            return await handler(request)
-        guard.requests += 1
-        try:
-            response = await handler(request)
-        finally:
-            guard.requests -= 1
-        if request.get(_ABANDONED):
-            response.force_close()
-        return response
-
-    return admit
 
 
 async def _answer_expectation(guard: ListenerGuard, request: web.Request) -> web.StreamResponse | None:
@@ -361,13 +302,6 @@ async def _answer_expectation(guard: ListenerGuard, request: web.Request) -> web
     request.writer.output_size = 0  # as aiohttp's own expect handler: the answer has not started
     del request[_EXPECT]
     return None
-
-
-def _refuse(guard: ListenerGuard, request: web.Request, message: str, close: bool = False) -> web.StreamResponse:
-    response = _refuse_with(guard, request, GatewayError(ErrorKind.OVERLOADED, message))
-    if close:
-        response.force_close()
-    return response
 
 
 def _refuse_with(guard: ListenerGuard, request: web.Request, error: GatewayError) -> web.StreamResponse:

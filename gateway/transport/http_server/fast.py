@@ -26,7 +26,7 @@ import http
 import logging
 import re
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from email.utils import formatdate
 from typing import TYPE_CHECKING, Any
@@ -35,12 +35,9 @@ from urllib.parse import unquote
 import httptools
 
 from gateway.core.errors import ErrorKind, GatewayError, malformed, too_large
-from gateway.core.record import (
-    OUTCOME_CANCELLED,
-    echo_ids,
-    finish_request,
-)
+from gateway.core.record import OUTCOME_CANCELLED, echo_ids
 from gateway.core.types import RequestContext
+from gateway.transport.cycle import Refusals, RequestCycle
 from gateway.transport.http_server.body import decompress, request_coding
 from gateway.transport.http_server.exchange import (
     Handler,
@@ -53,7 +50,6 @@ from gateway.transport.http_server.exchange import (
 )
 
 if TYPE_CHECKING:
-    from gateway.runtime.auth import Authenticator
     from gateway.runtime.budget import Reservation
 
 log = logging.getLogger(__name__)
@@ -123,7 +119,7 @@ class FastListener:
     guard: Any  # gateway.transport.http_server.guard.ListenerGuard
     render: Callable[[GatewayError, int | None], HttpReply]  # the protocol's error form
     handoff: Callable[[], asyncio.Protocol]  # a new aiohttp connection handler
-    authenticator: Callable[[], Authenticator | None]
+    cycle: RequestCycle  # the listener's, shared with its aiohttp app
     draining: Callable[[], bool]
     max_body: int
     status_kinds: Mapping[int, ErrorKind]  # what its HTTP statuses stand for (HttpFrontend.status_kinds)
@@ -131,7 +127,7 @@ class FastListener:
     def __post_init__(self) -> None:
         self.closing = False
         self.connections: set[FastConnection] = set()
-        self.in_flight = self.services.metrics.requests_in_flight(self.name, self.protocol)
+        self.form = Refusals(self.render, _headers_of, lambda: _challenge(self.cycle))
 
     async def shutdown(self, grace: float) -> None:
         """Close idle connections now and the others once their answer is
@@ -517,24 +513,23 @@ class FastConnection(asyncio.Protocol):
 
     async def _serve(self, request: FastRequest) -> None:
         listener = self.listener
+        cycle = listener.cycle
         ctx = request.ctx
         record = ctx.record
-        record.operation = request.route.operation
-        record.method, record.path, record.peer = request.method, request.path, self.peername
-        tracing = listener.services.tracing
-        if tracing is not None:
-            tracing.start(ctx)
-        listener.in_flight.inc()
+        cycle.begin(ctx, request.route.operation, request.method, request.path, self.peername)
         try:
-            reply = await self._answer(request)
+            if self.over_limit:
+                self._closing = True
+                reply = cycle.refuse(ctx, GatewayError(ErrorKind.OVERLOADED, listener.guard.over_connections_message()),
+                                     None, listener.form)
+            else:
+                reply = await cycle.run(ctx, request.path in cycle.probes, lambda: self._handle(request),
+                                        listener.form)
         except asyncio.CancelledError:
-            if not record.finished:
-                record.status, record.outcome = "499", OUTCOME_CANCELLED
-                record.request_bytes = request.filled
-                finish_request(listener.services, ctx)
+            cycle.cancelled(ctx, "499", request.filled)
             raise
         finally:
-            listener.in_flight.dec()
+            cycle.end()
             request.release()
         echo_ids(reply.headers, ctx)
         if listener.draining() or self.abandoned:
@@ -558,55 +553,15 @@ class FastConnection(asyncio.Protocol):
         except ConnectionError:
             record.status, record.outcome = "499", OUTCOME_CANCELLED
         finally:
-            finish_request(listener.services, ctx)
+            cycle.finish(ctx)
         self._finish(request)
 
-    async def _answer(self, request: FastRequest) -> HttpReply:
-        """The reply, as the aiohttp middleware chain would give it: overload
-        and credential refusals, the `Expect` check, then the handler; every
-        failure in the protocol's own form."""
-        listener = self.listener
-        guard = listener.guard
-        record = request.ctx.record
-        try:
-            if self.over_limit:
-                self._closing = True
-                raise GatewayError(ErrorKind.OVERLOADED, guard.over_connections_message())
-            probe = request.path in guard.probe_paths  # health probes: open, and answered even when busy
-            authenticator = listener.authenticator()
-            if authenticator is not None and not probe:
-                try:
-                    authenticator.check(request.headers)
-                except GatewayError as error:
-                    record.fail(error.kind.value, error.message)
-                    reply = listener.render(error, 401)
-                    if authenticator.challenge:
-                        reply.headers["WWW-Authenticate"] = authenticator.challenge
-                    return reply
-            if not probe and guard.requests >= guard.max_requests:
-                raise GatewayError(ErrorKind.OVERLOADED, guard.busy_message())
-            if request.expect is not None and request.expect.strip().lower() != "100-continue":
-                raise HttpStatusError(ErrorKind.UNSUPPORTED,
-                                      "the only expectation supported is 'Expect: 100-continue'", 417)
-            if probe:
-                return await request.route.handler(request)
-            guard.requests += 1
-            try:
-                return await request.route.handler(request)
-            finally:
-                guard.requests -= 1
-        except GatewayError as error:
-            record.fail(error.kind.value, error.message)
-            reply = listener.render(error, getattr(error, "http_status", None))
-            retry_after = getattr(error, "retry_after", None)
-            if retry_after is not None:
-                reply.headers["Retry-After"] = str(retry_after)
-            return reply
-        except Exception:
-            log.exception("unhandled error on %s %s", request.method, request.path)
-            internal = GatewayError(ErrorKind.INTERNAL, "internal error")
-            record.fail(internal.kind.value, internal.message)
-            return listener.render(internal, None)
+    def _handle(self, request: FastRequest) -> Awaitable[HttpReply]:
+        """The route's handler, after the `Expect` check HTTP/1.1 asks for."""
+        if request.expect is not None and request.expect.strip().lower() != "100-continue":
+            raise HttpStatusError(ErrorKind.UNSUPPORTED, "the only expectation supported is 'Expect: 100-continue'",
+                                  417)
+        return request.route.handler(request)
 
     def _finish(self, request: FastRequest) -> None:
         """After an answer: drop what is left of its body, then the next request."""
@@ -738,6 +693,14 @@ class FastConnection(asyncio.Protocol):
         self._cancel_timer()
         if self.transport is not None:
             self.transport.close()
+
+
+def _headers_of(reply: HttpReply) -> dict[str, str]:
+    return reply.headers
+
+
+def _challenge(cycle: RequestCycle) -> str:
+    return str(getattr(cycle.credentials, "challenge", "") or "")
 
 
 def route(method: str, path: str, handler: Handler) -> FastRoute:

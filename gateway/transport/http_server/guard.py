@@ -1,6 +1,5 @@
-"""One HTTP listener's limits, both servers' (gateway/transport/http_server/fast.py and the
-aiohttp app): connections counted and idle ones evicted, requests in
-flight bounded, refusals logged."""
+"""One HTTP listener's connections, both servers' (gateway/transport/http_server/fast.py and
+the aiohttp app): counted, idle ones evicted, refusals logged."""
 
 from __future__ import annotations
 
@@ -18,10 +17,10 @@ log = logging.getLogger(__name__)
 
 
 class ListenerGuard:
-    """Counts one listener's connections and requests in flight (issue 9).
+    """Counts one HTTP listener's connections (its requests in flight are
+    the request cycle's: gateway/transport/cycle.py).
 
-    Requests past ``max_requests`` are refused at once as OVERLOADED; they
-    never wait in a queue. A connection accepted at ``max_connections``
+    A connection accepted at ``max_connections``
     makes room by closing the connection idle the longest (waiting for its
     next request head, or still in its TLS handshake), as nginx does. Only
     when none is idle is it over the limit: it gets the OVERLOADED answer to
@@ -30,15 +29,11 @@ class ListenerGuard:
     rate-limited (``refusals``).
     """
 
-    def __init__(self, listener: str, max_connections: int, max_requests: int, max_body: int, render: Render,
-                 probe_paths: frozenset[str] = frozenset()) -> None:
+    def __init__(self, listener: str, max_connections: int, max_body: int, render: Render) -> None:
         self.max_connections = max_connections
-        self.max_requests = max_requests
         self.max_body = max_body  # a declared body over it is refused before `100 Continue`
         self.render = render
-        self.probe_paths = probe_paths  # health probes: answered even when busy
         self.connections = 0  # accepted and not closed yet
-        self.requests = 0
         self.refusals = RefusalLog(listener)
         # Connections between requests, in the order they got there (oldest first).
         self._waiting: dict[Any, None] = {}  # aiohttp handlers and fast connections
@@ -105,8 +100,4 @@ class ListenerGuard:
 
     def over_connections_message(self) -> str:
         return f"the listener has more than {self.max_connections} connections (limits.max_connections); retry later"
-
-    def busy_message(self) -> str:
-        return (f"the listener is handling {self.requests} requests, its limit (limits.max_concurrent_requests); "
-                "retry later")
 
