@@ -16,14 +16,14 @@ import pytest
 import yaml
 
 from gateway.app.configure import parse_config
-from gateway.config.model import (
-    Address,
+from gateway.config.address import Address
+from gateway.config.routes import RetryPolicy
+from gateway.config.upstreams import (
     CircuitBreaker,
     ConnectionPool,
     HealthCheck,
     LoadBalancing,
     OutlierDetection,
-    RetryPolicy,
     UpstreamConfig,
 )
 from gateway.core.errors import ErrorKind, GatewayError, connect_failure, connection_reset, invalid

@@ -28,7 +28,8 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any, Protocol
 
-from gateway.config.model import Address, UpstreamConfig
+from gateway.config.address import Address
+from gateway.config.upstreams import UpstreamConfig
 from gateway.core.contracts import Backend
 from gateway.core.errors import ErrorKind, GatewayError
 from gateway.dataplane.affinity import SequencePins

@@ -13,7 +13,7 @@ import random
 import time
 from collections.abc import Callable
 
-from gateway.config.model import HealthCheck
+from gateway.config.upstreams import HealthCheck
 from gateway.core.types import RequestContext
 from gateway.dataplane.cluster.endpoint import Endpoint
 from gateway.observability.counters import Counters, Event

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 
-from gateway.config.model import OutlierDetection
+from gateway.config.upstreams import OutlierDetection
 from gateway.dataplane.cluster.endpoint import Endpoint
 from gateway.observability.counters import Counters, Event, UpstreamCounters
 

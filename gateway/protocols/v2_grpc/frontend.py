@@ -51,7 +51,7 @@ from gateway.runtime.budget import Reservation
 from gateway.runtime.tls import ServerTls
 
 if TYPE_CHECKING:
-    from gateway.config.model import Limits
+    from gateway.config.limits import Limits
 
 log = logging.getLogger(__name__)
 PROTOCOL = passthrough.PROTOCOL

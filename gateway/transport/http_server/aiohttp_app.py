@@ -55,7 +55,7 @@ from gateway.transport.http_server.fast import FastConnection, FastListener
 from gateway.transport.http_server.guard import ListenerGuard
 
 if TYPE_CHECKING:
-    from gateway.config.model import ListenerConfig
+    from gateway.config.listeners import ListenerConfig
     from gateway.runtime.services import GatewayServices
 
 log = logging.getLogger(__name__)
