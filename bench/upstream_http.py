@@ -30,7 +30,7 @@ sys.path.insert(0, str(REPO))
 import aiohttp  # noqa: E402
 import uvloop  # noqa: E402
 
-from gateway.config.model import Address  # noqa: E402
+from gateway.config.address import Address  # noqa: E402
 from gateway.runtime.tls import HttpClientTls  # noqa: E402
 from gateway.transport.http_client.pool import UpstreamHttp  # noqa: E402
 

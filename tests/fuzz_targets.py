@@ -23,7 +23,7 @@ import atheris
 
 with atheris.instrument_imports(include=["gateway"]):
 
-    from gateway.config.model import Limits
+    from gateway.config.limits import Limits
     from gateway.core.errors import GatewayError
     from gateway.core.graphtensors import EDGE_TASKS, NODE_TASKS
     from gateway.core.limits import TensorBudget, check_json_depth

@@ -439,7 +439,7 @@ def test_upstream_errors_name_the_cluster_and_log_the_address(faulty: Faulty, li
      "output 'OUTPUT0': has 1 data elements but shape [4] needs 4; dims [2, 3] [1:2] v1.2.3 within 0.5s"),
 ])
 def test_addresses_are_cut_from_upstream_words(text: str, expected: str) -> None:
-    from gateway.config.model import Address
+    from gateway.config.address import Address
     from gateway.core.addresses import without_addresses
 
     assert without_addresses(text, Address("triton.svc.cluster.local", 8001)) == expected

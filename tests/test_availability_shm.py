@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.config.model import DEFAULT_MAX_SHARED_MEMORY_REGIONS
+from gateway.config.server import DEFAULT_MAX_SHARED_MEMORY_REGIONS
 from peers.nofile_gateway import nofile_env
 from peers.shm_attack import held, probe_during, register_many, unregister_unknown
 from peers.stall_attack import Probe

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from gateway.app.configure import parse_config
-from gateway.config.model import BatchingConfig
+from gateway.config.routes import BatchingConfig
 from gateway.core.errors import ErrorKind, GatewayError
 from gateway.core.types import InferRequest, InferResponse, RawPayload, RequestContext, RequestedOutput, Tensor
 from gateway.dataplane.batching import Batcher, Member, batch_key, concatenate, split

@@ -15,7 +15,7 @@ import yaml
 
 from gateway.app.check import finding, yaml_line
 from gateway.app.configure import parse_config
-from gateway.config.model import Address, addresses_overlap
+from gateway.config.address import Address, addresses_overlap
 from gateway.config.node import ConfigError
 from support import REPO, write_config
 

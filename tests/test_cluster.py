@@ -16,14 +16,14 @@ import pytest
 import yaml
 
 from gateway.app.configure import parse_config
-from gateway.config.model import (
-    Address,
+from gateway.config.address import Address
+from gateway.config.routes import RetryPolicy
+from gateway.config.upstreams import (
     CircuitBreaker,
     ConnectionPool,
     HealthCheck,
     LoadBalancing,
     OutlierDetection,
-    RetryPolicy,
     UpstreamConfig,
 )
 from gateway.core.errors import ErrorKind, GatewayError, connect_failure, connection_reset, invalid
@@ -207,7 +207,7 @@ async def test_health_checks_follow_thresholds() -> None:
     assert c.endpoints[0].healthy and c.endpoints[1].healthy
     assert c.endpoints[0].counters.health_check_failures_total == 2
     await c.close()
-    assert first.closed and c._health_task is None
+    assert first.closed and c._health is not None and c._health.task is None
 
 
 async def test_a_hanging_health_check_is_a_failure() -> None:

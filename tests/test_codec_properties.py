@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from gateway.config.model import Limits
+from gateway.config.limits import Limits
 from gateway.core.errors import GatewayError
 from gateway.core.graphtensors import NODE_TASKS, GraphTensors, prediction_name
 from gateway.core.modelnames import check_model

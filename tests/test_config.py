@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from gateway.app.configure import load_config, parse_config
-from gateway.config.model import Address
+from gateway.config.address import Address
 from gateway.config.node import ConfigError
 from support import REPO
 

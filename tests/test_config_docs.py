@@ -14,8 +14,10 @@ from typing import Any
 import pytest
 
 from gateway.app import cli
-from gateway.config import model as config
+from gateway.config.address import Address
 from gateway.config.node import Node
+from gateway.config.routes import StringMatch
+from gateway.config.schema import MODEL_MODULES
 from support import REPO
 
 DOC = REPO / "docs" / "configuration.md"
@@ -35,8 +37,8 @@ VALUE_TYPES = {"Address", "StringMatch"}
 
 
 def config_dataclasses() -> dict[str, type]:
-    return {name: obj for name, obj in vars(config).items()
-            if isinstance(obj, type) and dataclasses.is_dataclass(obj) and obj.__module__ == config.__name__
+    return {name: obj for module in MODEL_MODULES for name, obj in vars(module).items()
+            if isinstance(obj, type) and dataclasses.is_dataclass(obj) and obj.__module__ == module.__name__
             and name not in VALUE_TYPES}
 
 
@@ -66,15 +68,15 @@ def _seconds(text: str) -> float | None:
 def default_matches(value: Any, cell: str) -> bool:
     """Whether a documented default cell says ``value``."""
     text = cell.replace("`", "").strip()
-    if dataclasses.is_dataclass(value) and not isinstance(value, config.StringMatch | config.Address):
+    if dataclasses.is_dataclass(value) and not isinstance(value, StringMatch | Address):
         return text == "see below"
     if value is None:
         return text == "null"
     if isinstance(value, bool):
         return text == str(value).lower()
-    if isinstance(value, config.StringMatch):
+    if isinstance(value, StringMatch):
         return text == value.describe()
-    if isinstance(value, config.Address | str | enum.Enum):
+    if isinstance(value, Address | str | enum.Enum):
         return text == (str(value) if value != "" else '""')
     if isinstance(value, int):
         return text.split()[0] == str(value)

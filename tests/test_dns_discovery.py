@@ -27,8 +27,9 @@ from typing import Any
 import pytest
 import requests
 
-from gateway.config.model import Address, DnsDiscovery, HealthCheck, LoadBalancing, UpstreamConfig
+from gateway.config.address import Address
 from gateway.config.node import ConfigError
+from gateway.config.upstreams import DnsDiscovery, HealthCheck, LoadBalancing, UpstreamConfig
 from gateway.dataplane.cluster import discovery, dnsclient
 from gateway.dataplane.cluster.cluster import Cluster
 from gateway.observability.counters import Counters, Event

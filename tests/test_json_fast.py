@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from test_codec_properties import Pairs, bodies, hostile_v2_json
 
-from gateway.config.model import Limits
+from gateway.config.limits import Limits
 from gateway.core import tensors
 from gateway.core.errors import ErrorKind, GatewayError
 from gateway.core.types import DATATYPES

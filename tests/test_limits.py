@@ -464,7 +464,7 @@ def test_deep_bytes_data_decodes_without_recursion() -> None:
 
 def test_limits_config_defaults_and_problems() -> None:
     from gateway.app.configure import parse_config
-    from gateway.config.model import Limits
+    from gateway.config.limits import Limits
     from gateway.config.node import ConfigError
 
     base = {"listeners": [], "upstreams": [], "routes": []}

@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.app.configure import parse_config
 from gateway.app.server import build_metrics
-from gateway.config.model import AccessLogConfig
+from gateway.config.observability import AccessLogConfig
 from gateway.config.view import REDACTED, effective_config
 from gateway.core.errors import ErrorKind, GatewayError
 from gateway.core.record import RequestRecord, accept_request_id, accept_traceparent, accept_tracestate

@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.app.configure import parse_config
-from gateway.config.model import RouteConfig, RouteMatch, StringMatch
 from gateway.config.node import ConfigError
+from gateway.config.routes import RouteConfig, RouteMatch, StringMatch
 from gateway.dataplane.routing import (
     RouteTable,
     build_route,

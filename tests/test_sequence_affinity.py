@@ -19,7 +19,7 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from gateway.config.model import SequenceAffinity
+from gateway.config.upstreams import SequenceAffinity
 from gateway.dataplane.affinity import SequencePins, sequence_step
 from support import Clock, GatewayProcess, scrape_metrics, wait_for, write_config
 

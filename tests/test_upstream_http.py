@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import uvloop
 
-from gateway.config.model import Address
+from gateway.config.address import Address
 from gateway.core.errors import CONNECT_FAILURE, CONNECTION_RESET, ErrorKind, GatewayError, UpstreamFailure
 from gateway.runtime.tls import HttpClientTls
 from gateway.transport.http_client.pool import UpstreamHttp

@@ -25,7 +25,7 @@ from aiohttp import web
 from tritonclient.utils import InferenceServerException
 
 from gateway.app.configure import parse_config
-from gateway.config.model import parse_address
+from gateway.config.address import parse_address
 from gateway.config.node import ConfigError, Node
 from gateway.core.errors import ErrorKind, GatewayError
 from gateway.core.types import ExtensionRequest, InferRequest, RawPayload, RequestContext, Tensor, TensorSpec

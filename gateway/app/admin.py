@@ -16,8 +16,10 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
+from gateway.config.address import Address
 from gateway.config.auth import CredentialConfig
-from gateway.config.model import Address, AdminConfig, GatewayConfig
+from gateway.config.model import GatewayConfig
+from gateway.config.server import AdminConfig
 from gateway.config.view import effective_config
 from gateway.core.errors import GatewayError
 from gateway.core.types import RequestContext

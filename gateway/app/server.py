@@ -19,8 +19,9 @@ from gateway import __version__
 from gateway.app.admin import ADMIN_AUTH, start_admin
 from gateway.app.configure import load_config
 from gateway.config.auth import CredentialConfig
-from gateway.config.model import GatewayConfig, ServerIdentity
+from gateway.config.model import GatewayConfig
 from gateway.config.node import ConfigError
+from gateway.config.server import ServerIdentity
 from gateway.dataplane.plane import DataPlane
 from gateway.observability.accesslog import AccessLog
 from gateway.observability.counters import Counters

@@ -37,7 +37,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from gateway.config.model import Address, GatewayConfig
+from gateway.config.address import Address
+from gateway.config.model import GatewayConfig
 from gateway.protocols.triton import SHM_REGISTRY_ENV
 
 log = logging.getLogger(__name__)

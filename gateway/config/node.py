@@ -3,12 +3,12 @@
 Every accessor records a problem as ``"<yaml path>: <message>"`` and returns
 a fallback, so one `gateway check` run reports every error in a file rather
 than the first one. Protocol modules use the same class to read their own
-listener/upstream options.
+listener/upstream options. The helpers at the end are shared by the section
+parsers (upstreams.py, routes.py, server.py).
 """
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
@@ -17,7 +17,6 @@ import yaml
 
 T = TypeVar("T")
 _MISSING: Any = object()
-_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}|\$\$")
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
 _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
 
@@ -26,31 +25,6 @@ class ConfigError(Exception):
     def __init__(self, problems: list[str]) -> None:
         self.problems = problems
         super().__init__("\n".join(problems))
-
-
-def expand_env(text: str, path: str, problems: list[str], env: dict[str, str] | None = None) -> str:
-    """Expand ``${VAR}`` and ``${VAR:-default}``; ``$$`` is a literal ``$``."""
-    source = os.environ if env is None else env
-
-    def replace(match: re.Match[str]) -> str:
-        if match.group(0) == "$$":
-            return "$"
-        name, default = match.group(1), match.group(2)
-        value = source.get(name)
-        if value is None or (value == "" and default is not None):
-            if default is None:
-                problems.append(f"{path}: environment variable {name} is not set")
-                return ""
-            return default
-        return value
-
-    return _ENV_REF.sub(replace, text)
-
-
-def is_single_env_ref(text: str) -> bool:
-    """``text`` is one ``${VAR}`` or ``${VAR:-default}`` and nothing else."""
-    match = _ENV_REF.fullmatch(text)
-    return match is not None and match.group(1) is not None
 
 
 class EnvText(str):
@@ -219,3 +193,30 @@ class Node:
             for key in self.value:
                 if key not in self._used:
                     self.error("unknown key", str(key))
+
+
+# --- helpers of the section parsers ------------------------------------------
+
+
+def positive_duration(node: Node, key: str, default: Any) -> Any:
+    value = node.duration(key, default)
+    if value is not None and value <= 0:
+        node.error("must be more than 0", key)
+    return value
+
+
+def percent(node: Node, key: str, default: float) -> float:
+    value = node.get(key, float, default)
+    if not 0 <= value <= 100:
+        node.error(f"must be a percentage from 0 to 100, got {value:g}", key)
+    return float(value)
+
+
+def section(node: Node) -> bool:
+    """True when ``node`` holds a mapping to read; null means defaults."""
+    if node.value is None:
+        return False
+    if not node.is_mapping:
+        node.error("must be a mapping")
+        return False
+    return True

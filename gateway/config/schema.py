@@ -24,9 +24,18 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from gateway.config import model as config
+from gateway.config import address, limits, listeners, model, observability, policies, routes, server, upstreams
+from gateway.config.address import Address
+from gateway.config.catalog import ProtocolCatalog
 from gateway.config.extensions import GATEWAY_EXTENSIONS
+from gateway.config.model import GatewayConfig
+from gateway.config.routes import RETRY_ON, StringMatch
+from gateway.config.server import READINESS_MODES
 from gateway.config.tls import CLIENT_AUTH_MODES
+from gateway.config.upstreams import DNS_FAMILIES, LOAD_BALANCING_POLICIES
+
+# The modules of the config model: the document and its sections.
+MODEL_MODULES = (model, address, limits, listeners, upstreams, routes, server, observability, policies)
 
 Json = dict[str, Any]
 
@@ -56,13 +65,13 @@ SIZES = {("Limits", name) for name in ("max_request_bytes", "max_request_tensor_
                                       "max_header_line_bytes", "max_grpc_metadata_bytes", "max_inflight_bytes")}
 # Strings (or list items) with fixed choices.
 CHOICES: dict[tuple[str, str], tuple[str, ...]] = {
-    ("LoadBalancing", "policy"): config.LOAD_BALANCING_POLICIES,
-    ("ReadinessConfig", "upstreams"): config.READINESS_MODES,
+    ("LoadBalancing", "policy"): LOAD_BALANCING_POLICIES,
+    ("ReadinessConfig", "upstreams"): READINESS_MODES,
     ("AccessLogConfig", "format"): ("plain", "json"),
     ("ListenerTls", "client_auth"): CLIENT_AUTH_MODES,
-    ("RetryPolicy", "retry_on"): config.RETRY_ON,
+    ("RetryPolicy", "retry_on"): RETRY_ON,
     ("ServerIdentity", "extensions"): GATEWAY_EXTENSIONS,
-    ("DnsDiscovery", "family"): config.DNS_FAMILIES,
+    ("DnsDiscovery", "family"): DNS_FAMILIES,
 }
 # Whole-section rules a field list cannot say.
 SECTION_RULES: dict[str, Json] = {
@@ -103,7 +112,7 @@ SPECIAL: dict[tuple[str, str], Json] = {
     ("RouteMatch", "headers"): {"type": "object", "additionalProperties": {"$ref": "#/$defs/HeaderMatch"},
                                 "description": "header name -> how its value is matched"},
     ("UpstreamConfig", "load_balancing"): {"anyOf": [
-        {"enum": [p for p in config.LOAD_BALANCING_POLICIES if p != "consistent_hash"]},
+        {"enum": [p for p in LOAD_BALANCING_POLICIES if p != "consistent_hash"]},
         {"$ref": "#/$defs/LoadBalancing"}]},
     ("RouteConfig", "mirror"): {"anyOf": [{"$ref": "#/$defs/Mirror"},
                                           {"type": "array", "items": {"$ref": "#/$defs/Mirror"}}]},
@@ -121,16 +130,16 @@ DESCRIPTIONS = {
 }
 _SIMPLE = {str: {"type": "string"}, Path: {"type": "string"}, bool: {"type": "boolean"},
            int: {"type": "integer"}, float: {"type": "number"}}
-_VALUE_TYPES = {config.Address: "Address", config.StringMatch: "StringMatch"}
+_VALUE_TYPES = {Address: "Address", StringMatch: "StringMatch"}
 
 
-def build_schema(registry: config.ProtocolCatalog) -> Json:
+def build_schema(registry: ProtocolCatalog) -> Json:
     """The schema of a whole config file (GatewayConfig at the root); the
     protocol names are ``registry``'s (the app hands in gateway.protocols.registry)."""
     defs: Json = dict(DEFS)
     protocols = {("ListenerConfig", "protocol"): tuple(registry.names("frontend")),
                  ("UpstreamConfig", "protocol"): tuple(registry.names("backend"))}
-    root = _section(config.GatewayConfig, defs, {**CHOICES, **protocols})
+    root = _section(GatewayConfig, defs, {**CHOICES, **protocols})
     return {"$schema": "https://json-schema.org/draft/2020-12/schema", "title": "inference-gateway configuration",
             **root, "$defs": defs}
 
@@ -218,8 +227,13 @@ def _with_sections(schema: Json, defs: Json, choices: Mapping[tuple[str, str], t
     """``schema`` after defining the sections its ``$ref``s name."""
     for name in re.findall(r"#/\$defs/(\w+)", repr(schema)):
         if name not in defs:
-            _type_schema(getattr(config, name), defs, choices, name)
+            _type_schema(_dataclass_named(name), defs, choices, name)
     return dict(schema)
+
+
+def _dataclass_named(name: str) -> type:
+    """The config dataclass a ``$ref`` of the tables above names."""
+    return next(getattr(module, name) for module in MODEL_MODULES if hasattr(module, name))  # type: ignore[no-any-return]
 
 
 def _default(field: dataclasses.Field[Any]) -> Any:
@@ -239,9 +253,9 @@ def _unwrap_optional(hint: Any) -> tuple[bool, Any]:
 
 
 def _json_value(value: Any) -> Any:
-    if isinstance(value, config.StringMatch):
+    if isinstance(value, StringMatch):
         return value.describe()
-    if isinstance(value, config.Address):
+    if isinstance(value, Address):
         return str(value)
     if isinstance(value, tuple | list):
         return [_json_value(v) for v in value]

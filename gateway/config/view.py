@@ -16,7 +16,9 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from gateway.config.model import Address, GatewayConfig, StringMatch
+from gateway.config.address import Address
+from gateway.config.model import GatewayConfig
+from gateway.config.routes import StringMatch
 
 REDACTED = "<redacted>"
 SECRET_WORDS = ("token", "password", "passwd", "secret", "key", "credential", "auth", "cookie", "private")

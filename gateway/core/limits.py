@@ -28,7 +28,7 @@ BYTES_ELEMENT_COST = 64
 
 class TensorLimits(Protocol):
     """The limits a request's tensors are held to (the config's ``limits:``
-    section, gateway.config.model.Limits, has them)."""
+    section, gateway.config.limits.Limits, has them)."""
 
     @property
     def max_tensor_elements(self) -> int: ...

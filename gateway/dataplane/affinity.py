@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.config.model import SequenceAffinity
+from gateway.config.upstreams import SequenceAffinity
 
 SEQUENCE_ID = "sequence_id"
 SEQUENCE_START = "sequence_start"

@@ -41,7 +41,7 @@ import numpy as np
 import orjson
 
 from gateway.config.auth import AUTHORIZATION
-from gateway.config.model import BatchingConfig
+from gateway.config.routes import BatchingConfig
 from gateway.core.errors import ErrorKind, GatewayError, bounded
 from gateway.core.record import REQUEST_ID_HEADER, RequestRecord
 from gateway.core.types import InferRequest, InferResponse, RequestContext, Tensor

@@ -18,7 +18,8 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
-from gateway.config.model import BatchingConfig, GatewayConfig, starvation_warnings
+from gateway.config.model import GatewayConfig, starvation_warnings
+from gateway.config.routes import BatchingConfig
 from gateway.core.addresses import without_addresses
 from gateway.core.contracts import Backend, StreamedResponse
 from gateway.core.errors import (

@@ -11,7 +11,7 @@ import random
 import socket
 from collections.abc import Iterator
 
-from gateway.config.model import RetryPolicy
+from gateway.config.routes import RetryPolicy
 from gateway.core.errors import CONNECT_FAILURE, CONNECTION_RESET, ErrorKind, GatewayError, UpstreamFailure
 
 UNAVAILABLE = "unavailable"  # the upstream answered "unavailable" (e.g. 503)

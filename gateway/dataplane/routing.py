@@ -8,7 +8,8 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from gateway.config.model import GatewayConfig, RouteConfig, RouteMatch, StringMatch
+from gateway.config.model import GatewayConfig
+from gateway.config.routes import RouteConfig, RouteMatch, StringMatch
 from gateway.config.view import redacted
 from gateway.core.hashing import stable_hash
 

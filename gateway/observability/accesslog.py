@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from gateway.config.model import AccessLogConfig
+from gateway.config.observability import AccessLogConfig
 from gateway.core.record import RequestRecord, trace_id
 from gateway.core.types import RequestContext
 from gateway.observability.logwriter import ACCESS_LOG_BUSY_LINGER, ACCESS_LOG_LINGER, LineWriter

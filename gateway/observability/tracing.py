@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.config.model import TracingConfig
+from gateway.config.observability import TracingConfig
 from gateway.core.record import OUTCOME_OK, TRACEPARENT_HEADER, TRACESTATE_HEADER
 from gateway.core.types import RequestContext
 

@@ -25,7 +25,10 @@ from gateway.core.types import InferRequest, InferResponse, ModelMetadata, Reque
 from gateway.runtime.auth import credential_headers
 
 if TYPE_CHECKING:
-    from gateway.config.model import Address, GatewayConfig, ListenerConfig, UpstreamConfig
+    from gateway.config.address import Address
+    from gateway.config.listeners import ListenerConfig
+    from gateway.config.model import GatewayConfig
+    from gateway.config.upstreams import UpstreamConfig
     from gateway.dataplane.routing import Route, RouteTable
     from gateway.runtime.services import GatewayServices
 

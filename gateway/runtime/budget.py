@@ -20,7 +20,7 @@ from gateway.core.limits import check_depth, count_bytes, scan_json, whole_bytes
 from gateway.runtime.offload import Offloader
 
 if TYPE_CHECKING:
-    from gateway.config.model import Limits
+    from gateway.config.limits import Limits
 
 # What decoding a JSON text builds beyond the text itself, per value
 # (a Python float or str and its list slot, ~32-60 bytes) and per array or

@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry
 
-from gateway.config.model import GatewayConfig, ServerIdentity
+from gateway.config.model import GatewayConfig
+from gateway.config.server import ServerIdentity
 from gateway.observability.accesslog import AccessLog
 from gateway.observability.metrics import GatewayMetrics
 from gateway.observability.statistics import StatisticsStore

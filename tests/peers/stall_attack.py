@@ -28,7 +28,7 @@ import numpy as np
 import orjson
 from security_support import BUILTIN_BACKEND
 
-from gateway.config.model import DEFAULT_MAX_INFLIGHT_BYTES, DEFAULT_MAX_JSON_CONTAINERS, DEFAULT_MAX_REQUEST_BYTES
+from gateway.config.limits import DEFAULT_MAX_INFLIGHT_BYTES, DEFAULT_MAX_JSON_CONTAINERS, DEFAULT_MAX_REQUEST_BYTES
 from gateway.core.limits import BYTES_ELEMENT_COST
 
 GZIP_BOMB = "gzip-bomb"

@@ -1,13 +1,13 @@
-"""An upstream cluster: endpoints, load balancing, health, limits.
+"""An upstream cluster: its endpoints, limits and retry budget, composed
+with the endpoint picker (balancing.py), the active health checks
+(health.py) and passive outlier detection (outlier.py).
 
-One :class:`Cluster` per configured upstream. It chooses the endpoint of each
-attempt (round robin, least request by power of two choices, or a consistent
-hash of a header), keeps endpoints' health from active checks and passive
-outlier detection, and enforces the circuit-breaker limits: at most
-``max_requests`` in flight, at most ``max_connections`` on one endpoint, at
-most ``max_pending`` waiting for a slot; beyond that it answers
-UPSTREAM_OVERLOADED at once (REST 503, gRPC RESOURCE_EXHAUSTED) instead of
-queueing without bound.
+One :class:`Cluster` per configured upstream. It hands each attempt a slot
+on an endpoint (:meth:`Cluster.acquire` -> :meth:`Lease.release`) and
+enforces the circuit-breaker limits: at most ``max_requests`` in flight, at
+most ``max_connections`` on one endpoint, at most ``max_pending`` waiting for
+a slot; beyond that it answers UPSTREAM_OVERLOADED at once (REST 503, gRPC
+RESOURCE_EXHAUSTED) instead of queueing without bound.
 
 Endpoints given as DNS names are discovered (gateway/dataplane/cluster/discovery.py): one
 endpoint per address, added (health-checked first) and drained (no new
@@ -20,7 +20,6 @@ All state is touched from the event loop only; no locks are needed.
 from __future__ import annotations
 
 import asyncio
-import bisect
 import collections
 import logging
 import random
@@ -29,15 +28,16 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any, Protocol
 
-from gateway.config.model import Address, UpstreamConfig
+from gateway.config.address import Address
+from gateway.config.upstreams import UpstreamConfig
 from gateway.core.contracts import Backend
 from gateway.core.errors import ErrorKind, GatewayError
-from gateway.core.hashing import stable_hash
-from gateway.core.types import RequestContext
 from gateway.dataplane.affinity import SequencePins
+from gateway.dataplane.cluster.balancing import picker
 from gateway.dataplane.cluster.discovery import NameWatch, is_name
 from gateway.dataplane.cluster.endpoint import Endpoint
-from gateway.dataplane.cluster.outlier import decayed_ejections, ejection_time
+from gateway.dataplane.cluster.health import HealthChecker
+from gateway.dataplane.cluster.outlier import OutlierDetector
 from gateway.dataplane.retry import ENDPOINT_FAILURES, budget_allows
 from gateway.observability.counters import Counters, Event
 
@@ -58,7 +58,6 @@ class BackendClass(Protocol):
 # A protocol's name -> its backend class; the app hands in the registry's.
 Backends = Callable[[str], BackendClass]
 
-RING_POINTS_PER_ENDPOINT = 160  # enough for an even spread over a few endpoints
 IN_PROCESS = "in-process"
 
 
@@ -133,10 +132,11 @@ class Cluster:
         self.pending = 0
         self.retries_in_flight = 0
         self._waiters: collections.deque[_Waiter] = collections.deque()
-        self._next = 0  # round robin position
-        self._ring = self._build_ring() if config.load_balancing.policy == "consistent_hash" else []
-        self._ring_keys = [point for point, _ in self._ring]
-        self._health_task: asyncio.Task[None] | None = None
+        self._picker = picker(config.load_balancing.policy, self._rng, self.endpoints)
+        self._health = None if config.health_check is None else HealthChecker(
+            config.name, config.health_check, self.endpoints, self.counters, self._rng, self._wake_all)
+        self._outliers = OutlierDetector(config.name, config.outlier_detection, self.endpoints, self.counters,
+                                         self.stats)
         self.pins = SequencePins(config.sequence_affinity, clock)
 
     @property
@@ -162,18 +162,18 @@ class Cluster:
                 self._dns_failed(watch)
         for endpoint in self.endpoints:
             await endpoint.client.start()
-        if self.config.health_check is not None:
-            await self.check_health(first=True)
-            self._health_task = asyncio.create_task(self._health_loop(), name=f"health-check {self.name}")
+        if self._health is not None:
+            await self._health.start()
         if self._watches:
             self._discovery_task = asyncio.create_task(self._discovery_loop(), name=f"dns {self.name}")
 
     async def close(self) -> None:
-        for task in (self._health_task, self._discovery_task):
-            if task is not None:
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
-        self._health_task = self._discovery_task = None
+        if self._health is not None:
+            await self._health.stop()
+        if self._discovery_task is not None:
+            self._discovery_task.cancel()
+            await asyncio.gather(self._discovery_task, return_exceptions=True)
+            self._discovery_task = None
         await asyncio.gather(*self._background, return_exceptions=True)  # drained clients closing
         closing = [*self.endpoints, *self._draining]
         self._draining.clear()
@@ -228,8 +228,8 @@ class Cluster:
         try:
             for endpoint in fresh:
                 await endpoint.client.start()
-                if self.config.health_check is not None and endpoint.resolved not in have:
-                    await self._check(endpoint, first=True)  # checked before it takes traffic
+                if self._health is not None and endpoint.resolved not in have:
+                    await self._health.check_one(endpoint, first=True)  # checked before it takes traffic
         except BaseException:  # closed meanwhile, or a client that would not start: none left open
             await asyncio.gather(*(e.client.close() for e in fresh), return_exceptions=True)
             raise
@@ -256,9 +256,7 @@ class Cluster:
         for endpoint in fresh:
             if endpoint.address not in {e.address for e in gone}:
                 log.info("upstream %s endpoint %s added", self.name, endpoint.address)
-        if self._ring or self.config.load_balancing.policy == "consistent_hash":
-            self._ring = self._build_ring()
-            self._ring_keys = [point for point, _ in self._ring]
+        self._picker.rebuild(self.endpoints)
         self._wake_all()
 
     def _close_if_idle(self, endpoint: Endpoint) -> None:
@@ -269,52 +267,12 @@ class Cluster:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    # --- health ---------------------------------------------------------------
+    # --- health and outliers -------------------------------------------------
 
-    async def _health_loop(self) -> None:
-        check = self.config.health_check
-        assert check is not None
-        while True:
-            # A little jitter keeps many gateways from checking in lockstep.
-            await asyncio.sleep(check.interval * self._rng.uniform(0.9, 1.1))
-            await self.check_health()
-
-    async def check_health(self, first: bool = False) -> None:
-        await asyncio.gather(*(self._check(e, first) for e in self.endpoints))
-
-    async def _check(self, endpoint: Endpoint, first: bool) -> None:
-        check = self.config.health_check
-        assert check is not None
-        ctx = RequestContext("", "health-check", request_id="health-check",
-                             deadline=time.monotonic() + check.timeout)
-        try:
-            async with asyncio.timeout(check.timeout):
-                ok = bool(await endpoint.client.health_check(ctx))
-        except Exception as exc:  # any failure of the check is a failed check
-            log.debug("health check of %s %s failed: %r", self.name, endpoint.address, exc)
-            ok = False
-        self.record_health(endpoint, ok, first)
-
-    def record_health(self, endpoint: Endpoint, ok: bool, first: bool = False) -> None:
-        check = self.config.health_check
-        healthy_after, unhealthy_after = (check.healthy_threshold, check.unhealthy_threshold) if check else (1, 1)
-        if ok:
-            endpoint._checks_passed += 1
-            endpoint._checks_failed = 0
-            flip = not endpoint.healthy and (first or endpoint._checks_passed >= healthy_after)
-        else:
-            endpoint._checks_failed += 1
-            endpoint._checks_passed = 0
-            endpoint.counters.health_check_failures_total += 1
-            flip = endpoint.healthy and (first or endpoint._checks_failed >= unhealthy_after)
-        if flip:
-            endpoint.healthy = ok
-            log.warning("upstream %s endpoint %s is now %s", self.name, endpoint.address,
-                        "healthy" if ok else "unhealthy")
-            self.counters.emit(Event("health_changed", self.name, endpoint.address, "healthy" if ok else "unhealthy"))
-            self._wake_all()
-
-    # --- passive outlier detection -------------------------------------------
+    async def check_health(self) -> None:
+        """One round of active health checks now."""
+        if self._health is not None:
+            await self._health.check_all()
 
     def _release(self, endpoint: Endpoint, failure: str | None) -> None:
         endpoint.in_flight -= 1
@@ -322,44 +280,14 @@ class Cluster:
         if endpoint.draining:
             self._close_if_idle(endpoint)
         if failure in ENDPOINT_FAILURES:
-            endpoint.counters.failures_total += 1
-            endpoint.consecutive_failures += 1
-            self._maybe_eject(endpoint)
+            self._outliers.record_failure(endpoint, self._clock())
         else:
             endpoint.consecutive_failures = 0
         self._wake_one()
 
-    def _maybe_eject(self, endpoint: Endpoint) -> None:
-        detection = self.config.outlier_detection
-        now = self._clock()
-        if (not detection.consecutive_failures or endpoint.consecutive_failures < detection.consecutive_failures
-                or endpoint.ejected(now)):
-            return
-        ejected = sum(1 for e in self.endpoints if e.ejected(now))
-        if ejected and (ejected + 1) * 100 > len(self.endpoints) * detection.max_ejection_percent:
-            return  # enough of the cluster is out already
-        endpoint.ejections = decayed_ejections(endpoint.ejections, now - endpoint.readmitted_at,
-                                               detection.base_ejection_time) + 1
-        duration = ejection_time(detection.base_ejection_time, detection.max_ejection_time, endpoint.ejections)
-        endpoint.ejected_until = now + duration
-        endpoint.counters.ejections_total += 1
-        self.stats.ejections_total += 1
-        log.warning("upstream %s endpoint %s ejected for %gs after %d consecutive failures", self.name,
-                    endpoint.address, duration, endpoint.consecutive_failures)
-        self.counters.emit(Event("ejection", self.name, endpoint.address, f"{duration:g}s"))
-
-    def _readmit_expired(self, now: float) -> None:
-        for endpoint in self.endpoints:
-            if endpoint.ejected_until is not None and now >= endpoint.ejected_until:
-                endpoint.ejected_until = None
-                endpoint.consecutive_failures = 0
-                endpoint.readmitted_at = now
-                log.info("upstream %s endpoint %s re-admitted", self.name, endpoint.address)
-                self.counters.emit(Event("readmission", self.name, endpoint.address))
-
     def has_available_endpoint(self) -> bool:
         now = self._clock()
-        self._readmit_expired(now)
+        self._outliers.readmit_expired(now)
         return any(e.available(now) for e in self.endpoints)
 
     # --- load balancing and limits ---------------------------------------------
@@ -374,52 +302,18 @@ class Cluster:
         if pinned is not None:
             return [pinned] if pinned.in_flight < self.config.connection_pool.max_connections else []
         now = self._clock()
-        self._readmit_expired(now)
+        self._outliers.readmit_expired(now)
         pool = [e for e in self.endpoints if e.available(now)] or self.endpoints
         limit = self.config.connection_pool.max_connections
         free = [e for e in pool if e.in_flight < limit]
         fresh = [e for e in free if e not in exclude]
         return fresh or free
 
-    def _choose(self, candidates: list[Endpoint], key: str | None) -> Endpoint:
-        if len(candidates) == 1:
-            return candidates[0]
-        policy = self.config.load_balancing.policy
-        if policy == "least_request":
-            first, second = self._rng.sample(candidates, 2)
-            return first if first.in_flight <= second.in_flight else second
-        if policy == "consistent_hash" and key is not None:
-            return self._ring_lookup(stable_hash(key), candidates)
-        if policy == "consistent_hash":
-            return self._rng.choice(candidates)
-        allowed = set(map(id, candidates))
-        count = len(self.endpoints)
-        for step in range(count):
-            index = (self._next + step) % count
-            if id(self.endpoints[index]) in allowed:
-                self._next = index + 1
-                return self.endpoints[index]
-        return candidates[0]  # unreachable: candidates come from self.endpoints
-
-    def _build_ring(self) -> list[tuple[int, int]]:
-        return sorted((stable_hash(f"{e.address}#{i}"), index)
-                      for index, e in enumerate(self.endpoints) for i in range(RING_POINTS_PER_ENDPOINT))
-
-    def _ring_lookup(self, point: int, candidates: list[Endpoint]) -> Endpoint:
-        """The first candidate clockwise from ``point`` on the hash ring."""
-        allowed = set(map(id, candidates))
-        start = bisect.bisect_left(self._ring_keys, point)
-        for step in range(len(self._ring)):
-            endpoint = self.endpoints[self._ring[(start + step) % len(self._ring)][1]]
-            if id(endpoint) in allowed:
-                return endpoint
-        return candidates[0]  # unreachable: every endpoint has ring points
-
     def _take(self, key: str | None, exclude: set[Endpoint], pinned: Endpoint | None = None) -> Lease | None:
         candidates = self._candidates(exclude, pinned)
         if not candidates:
             return None
-        endpoint = self._choose(candidates, key)
+        endpoint = candidates[0] if len(candidates) == 1 else self._picker.choose(self.endpoints, candidates, key)
         endpoint.in_flight += 1
         endpoint.counters.requests_total += 1
         self.in_flight += 1
@@ -480,7 +374,7 @@ class Cluster:
         it goes on), else None: ejected, unhealthy or gone, the sequence's
         state is lost with it."""
         now = self._clock()
-        self._readmit_expired(now)
+        self._outliers.readmit_expired(now)
         for endpoint in self.endpoints:
             if endpoint.address == address:
                 return endpoint if endpoint.available(now) else None
@@ -512,7 +406,7 @@ class Cluster:
     def snapshot(self) -> dict[str, Any]:
         """Live state for the admin /upstreams endpoint and metrics gauges."""
         now = self._clock()
-        self._readmit_expired(now)
+        self._outliers.readmit_expired(now)
         counters = asdict(self.stats)
         counters.pop("endpoints")
         return {

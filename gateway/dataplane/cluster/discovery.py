@@ -15,7 +15,8 @@ import ipaddress
 import logging
 import socket
 
-from gateway.config.model import Address, DnsDiscovery
+from gateway.config.address import Address
+from gateway.config.upstreams import DnsDiscovery
 from gateway.dataplane.cluster import dnsclient
 
 log = logging.getLogger(__name__)

@@ -26,8 +26,8 @@ class Endpoint:
         self.ejected_until: float | None = None
         self.ejections = 0  # multiplier of the next ejection time
         self.readmitted_at = 0.0
-        self._checks_passed = 0
-        self._checks_failed = 0
+        self.checks_passed = 0  # active health checks in a row
+        self.checks_failed = 0
 
     def take_health_of(self, old: Endpoint) -> None:
         """Carry the verdicts over to a new client of the same address."""

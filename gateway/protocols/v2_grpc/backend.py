@@ -48,7 +48,7 @@ from gateway.transport.upstream import (
 )
 
 if TYPE_CHECKING:
-    from gateway.config.model import RouteConfig
+    from gateway.config.routes import RouteConfig
 
 log = logging.getLogger(__name__)
 # Reconnect soon after an upstream comes back (grpc's default backoff grows to 120 s).

@@ -48,7 +48,7 @@ from gateway.protocols.v2_grpc import rawwire
 from gateway.protocols.v2_grpc.errors import CODE_OF_KIND, kind_of_upstream_code
 
 if TYPE_CHECKING:
-    from gateway.config.model import Limits
+    from gateway.config.limits import Limits
     from gateway.core.record import RequestRecord
 
 # Datatype -> the InferTensorContents field that carries it. FP16 and BF16

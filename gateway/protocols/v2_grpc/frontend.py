@@ -50,7 +50,7 @@ from gateway.runtime.tls import ServerTls
 from gateway.transport.cycle import RequestCycle
 
 if TYPE_CHECKING:
-    from gateway.config.model import Limits
+    from gateway.config.limits import Limits
 
 log = logging.getLogger(__name__)
 PROTOCOL = passthrough.PROTOCOL

@@ -47,7 +47,7 @@ from gateway.protocols.triton import shm
 from gateway.protocols.v2_rest.errors import STATUS_OF_KIND, kind_of_upstream_status
 
 if TYPE_CHECKING:
-    from gateway.config.model import Limits
+    from gateway.config.limits import Limits
 
 PROTOCOL = "v2-rest"
 HEADER_LENGTH = "Inference-Header-Content-Length"

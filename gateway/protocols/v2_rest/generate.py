@@ -53,7 +53,7 @@ from gateway.transport.http_server.exchange import HttpReply, HttpRequest, compr
 from gateway.transport.http_server.sse import SSE_CONTENT_TYPE, encode_event
 
 if TYPE_CHECKING:
-    from gateway.config.model import Limits
+    from gateway.config.limits import Limits
 
 log = logging.getLogger(__name__)
 

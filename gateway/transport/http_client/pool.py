@@ -56,7 +56,7 @@ from gateway.transport.http_client.reply import UpstreamReply
 from gateway.transport.upstream import CONNECT_TIMEOUT, connect_error_words
 
 if TYPE_CHECKING:
-    from gateway.config.model import Address
+    from gateway.config.address import Address
 
 
 # Idle pooled connections are dropped before common servers close them

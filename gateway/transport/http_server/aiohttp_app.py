@@ -13,7 +13,7 @@ import logging
 import ssl
 from collections.abc import Awaitable, Callable, Mapping
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import hdrs, web
 from aiohttp.abc import AbstractAccessLogger
@@ -52,9 +52,6 @@ from gateway.transport.http_server.exchange import (
 )
 from gateway.transport.http_server.fast import FastConnection, FastListener
 from gateway.transport.http_server.guard import ListenerGuard
-
-if TYPE_CHECKING:
-    pass
 
 log = logging.getLogger(__name__)
 
