@@ -13,6 +13,7 @@ from typing import Any
 from gateway.config.node import Node
 
 FILTERS: dict[str, str] = {
+    "response_cache": "gateway.dataplane.filters.response_cache:ResponseCache",
 }
 
 
