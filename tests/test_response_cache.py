@@ -37,6 +37,7 @@ def _simple_answer_size() -> int:
 SMALL_MAX_BYTES = 2 * _simple_answer_size() + _simple_answer_size() // 2
 
 BACK = """
+admin: {address: null}
 listeners: [{name: rest, protocol: v2-rest, address: "127.0.0.1:0"}]
 upstreams: [{name: local, protocol: builtin}]
 routes: [{match: {model: "*"}, upstream: local}]

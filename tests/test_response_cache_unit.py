@@ -12,7 +12,7 @@ import pytest
 from gateway.config.node import ConfigError
 from gateway.core.types import InferRequest, InferResponse, RequestedOutput, Tensor
 from gateway.dataplane.filters.cache_key import key_of
-from gateway.dataplane.filters.cache_store import MemoryBackend, answer_size
+from gateway.dataplane.filters.cache_store import MemoryBackend, answer_size, answer_to
 from gateway.dataplane.filters.response_cache import ResponseCacheOptions
 from gateway.runtime.budget import InflightBudget
 from gateway.runtime.offload import Offloader
@@ -145,11 +145,11 @@ async def test_a_kept_answer_is_each_requests_own_and_cannot_be_changed() -> Non
     first.outputs[0].data[0] = 99  # the upstream's answer changed after it was kept: the copy is not
     kept = await store.get(b"a")
     assert kept is not None
-    answer = kept.answer(InferRequest("asked", "", "second-id"))
+    answer = answer_to(kept, InferRequest("asked", "", "second-id"))
     assert (answer.model_name, answer.model_version, answer.id, answer.parameters) == ("asked", "1", "second-id",
                                                                                         {"p": 1})
     np.testing.assert_array_equal(answer.outputs[0].data, np.full(16, 7, np.int32))
     with pytest.raises(ValueError):
         answer.outputs[0].data[0] = 1
     answer.outputs[0].parameters["x"] = 1
-    assert kept.answer(InferRequest("asked")).outputs[0].parameters == {}
+    assert answer_to(kept, InferRequest("asked")).outputs[0].parameters == {}

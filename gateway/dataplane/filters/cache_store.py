@@ -7,8 +7,8 @@ that asks. The memory backend copies the answer's arrays (owned, read-only:
 nothing a later request does can change a kept answer), is bounded by
 ``max_bytes`` (least recently used answers go first), forgets answers
 ``ttl`` after they were stored, and charges what it keeps to the worker's
-memory budget (limits.max_inflight_bytes) until it lets go of it: on
-eviction, expiry or close. An answer larger than ``max_bytes``, or one the
+memory budget (limits.max_inflight_bytes: one reservation, grown and
+shrunk with it) until it lets go of it: on eviction, expiry or close. An answer larger than ``max_bytes``, or one the
 budget has no room for, is not kept (the request is answered all the same).
 """
 
@@ -18,47 +18,48 @@ import sys
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 import numpy as np
 
 from gateway.core.errors import GatewayError
 from gateway.core.types import InferRequest, InferResponse, Tensor
 from gateway.dataplane.filters.cache_key import rough_size
-from gateway.runtime.budget import InflightBudget, Reservation
+from gateway.runtime.budget import InflightBudget
 from gateway.runtime.offload import Offloader
 
-# What an entry costs beyond its arrays: the table slot, its key, the entry,
-# its response parameters (CPython, rounded up) ...
+# What an entry costs beyond its arrays: the table slot, its key, the entry
+# and its response parameters (CPython, rounded up) ...
 ENTRY_BYTES = 512
-# ... each tensor's object, name, shape and parameters ...
+# ... each tensor's tuple, name, shape and parameters ...
 TENSOR_BYTES = 256
 # ... and each BYTES element's Python object beyond its bytes.
 BYTES_ELEMENT_BYTES = sys.getsizeof(b"") + 8  # the object head and its slot in the array
 
+# A kept tensor: (name, datatype, shape, read-only array, parameters as items).
+KeptTensor = tuple[str, str, tuple[int, ...], np.ndarray, tuple[tuple[str, Any], ...]]
 
-class CachedAnswer:
-    """One kept answer: its tensors (read-only arrays) and parameters."""
 
-    __slots__ = ("expires", "held", "model_version", "outputs", "parameters", "size")
+# A kept answer: (expires, size, model version, tensors, parameters as
+# items). Plain tuples of strings, numbers and arrays only: the cycle
+# collector stops tracking them, so what a full collection (which holds
+# the loop) walks per kept answer is one table slot, not five objects.
+# Measured, 200,000 answers of `simple` (222 MiB): a full collection took
+# 170 ms with answers kept as objects, 45 ms as plain tuples, 4 ms empty.
+CachedAnswer = tuple[float, int, str, tuple[KeptTensor, ...], tuple[tuple[str, Any], ...]]
+EXPIRES: Final = 0  # positions in a CachedAnswer
+SIZE: Final = 1
 
-    def __init__(self, model_version: str, outputs: tuple[Tensor, ...], parameters: dict[str, Any], size: int,
-                 expires: float, held: Reservation) -> None:
-        self.model_version = model_version
-        self.outputs = outputs
-        self.parameters = parameters
-        self.size = size
-        self.expires = expires
-        self.held = held
 
-    def answer(self, request: InferRequest) -> InferResponse:
-        """The kept answer as ``request``'s own: its id and model name; new
-        tensor objects over the kept arrays (frontends may change a
-        tensor's fields, never its data)."""
-        return InferResponse(
-            request.model_name, self.model_version, request.id,
-            [Tensor(t.name, t.datatype, t.shape, t.data, dict(t.parameters)) for t in self.outputs],
-            dict(self.parameters))
+def answer_to(kept: CachedAnswer, request: InferRequest) -> InferResponse:
+    """A kept answer as ``request``'s own: its id and model name; new tensor
+    objects over the kept arrays (frontends may change a tensor's fields,
+    never its data)."""
+    _, _, model_version, outputs, parameters = kept
+    return InferResponse(
+        request.model_name, model_version, request.id,
+        [Tensor(name, datatype, shape, data, dict(items)) for name, datatype, shape, data, items in outputs],
+        dict(parameters))
 
 
 class CacheBackend(Protocol):
@@ -86,14 +87,14 @@ def answer_size(outputs: list[Tensor]) -> int:
     return size
 
 
-def owned_copies(outputs: list[Tensor]) -> tuple[Tensor, ...]:
+def kept_tensors(outputs: list[Tensor]) -> tuple[KeptTensor, ...]:
     """The outputs over arrays of their own, read-only (a view would keep
     the whole upstream reply alive, and could change under the cache)."""
     kept = []
     for tensor in outputs:
         data = np.array(tensor.data, copy=True, order="C")
         data.flags.writeable = False
-        kept.append(Tensor(tensor.name, tensor.datatype, tensor.shape, data, dict(tensor.parameters)))
+        kept.append((tensor.name, tensor.datatype, tensor.shape, data, tuple(tensor.parameters.items())))
     return tuple(kept)
 
 
@@ -104,11 +105,12 @@ class MemoryBackend:
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.ttl = ttl
         self.max_bytes = max_bytes
-        self.used = 0  # bytes kept (and charged to the budget)
-        self._budget = budget
+        self.used = 0  # bytes kept, all charged to the budget by one reservation
+        self._held = budget.reserve()
         self._offload = offload
         self._clock = clock
         self._entries: OrderedDict[bytes, CachedAnswer] = OrderedDict()  # least recently used first
+        self._closed = False
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -117,7 +119,7 @@ class MemoryBackend:
         entry = self._entries.get(key)
         if entry is None:
             return None
-        if entry.expires <= self._clock():
+        if entry[EXPIRES] <= self._clock():
             self._drop(key)
             return None
         self._entries.move_to_end(key)
@@ -126,22 +128,24 @@ class MemoryBackend:
     async def put(self, key: bytes, response: InferResponse) -> bool:
         rough = rough_size(response.outputs)
         size = await self._offload.run(rough, answer_size, response.outputs)
-        if size > self.max_bytes:
+        if size > self.max_bytes or self._closed:
             return False
-        held = self._budget.reserve()
         try:
-            held.grow(size)  # held from before the copy is made
+            self._held.grow(size)  # held from before the copy is made
         except GatewayError:  # the budget has no room now: answered, not kept
             return False
         try:
-            outputs = await self._offload.run(rough, owned_copies, response.outputs)
+            outputs = await self._offload.run(rough, kept_tensors, response.outputs)
         except BaseException:
-            held.release()
+            self._held.shrink(size)
             raise
+        if self._closed:  # closed while the copy was made
+            self._held.shrink(size)
+            return False
         if key in self._entries:  # another request's answer to the same question came first
             self._drop(key)
-        self._entries[key] = CachedAnswer(response.model_version, outputs, dict(response.parameters), size,
-                                          self._clock() + self.ttl, held)
+        self._entries[key] = (self._clock() + self.ttl, size, response.model_version, outputs,
+                              tuple(response.parameters.items()))
         self.used += size
         self._forget_expired()
         while self.used > self.max_bytes:
@@ -155,15 +159,17 @@ class MemoryBackend:
         now = self._clock()
         while self._entries:
             oldest = next(iter(self._entries))
-            if self._entries[oldest].expires > now:
+            if self._entries[oldest][EXPIRES] > now:
                 return
             self._drop(oldest)
 
     def _drop(self, key: bytes) -> None:
         entry = self._entries.pop(key)
-        self.used -= entry.size
-        entry.held.release()
+        self.used -= entry[SIZE]
+        self._held.shrink(entry[SIZE])
 
     async def close(self) -> None:
-        while self._entries:
-            self._drop(next(iter(self._entries)))
+        self._closed = True
+        self._entries.clear()
+        self.used = 0
+        self._held.release()

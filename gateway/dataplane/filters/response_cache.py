@@ -36,7 +36,7 @@ from gateway.core.types import InferResponse
 from gateway.dataplane.affinity import sequence_step
 from gateway.dataplane.filters.base import STREAM, Filter, FilterCall
 from gateway.dataplane.filters.cache_key import request_key, route_salt
-from gateway.dataplane.filters.cache_store import CacheBackend, MemoryBackend
+from gateway.dataplane.filters.cache_store import CacheBackend, MemoryBackend, answer_to
 
 DEFAULT_TTL = 60.0
 DEFAULT_MAX_BYTES = 256 << 20
@@ -100,7 +100,7 @@ class ResponseCache(Filter):
         record = call.ctx.record
         if kept is not None:
             self._hits.inc()
-            answer = kept.answer(request)
+            answer = answer_to(kept, request)
             record.cache, record.cache_seconds = CACHE_HIT, time.perf_counter() - started
             return answer
         self._misses.inc()
