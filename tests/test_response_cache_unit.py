@@ -49,6 +49,23 @@ def test_bad_options_are_config_errors(options: str, problem: str) -> None:
     assert any(p.startswith(problem) for p in error.value.problems), error.value.problems
 
 
+@pytest.mark.parametrize(("options", "valid"), [
+    ({"ttl": "250ms", "max_bytes": "1MiB", "backend": "memory"}, True), (None, True),
+    ({"backend": "disk"}, False), ({"size": 3}, False), ({"ttl": "soon"}, False),
+])
+def test_the_config_schema_describes_the_options(options: Any, valid: bool) -> None:
+    import jsonschema
+
+    from gateway.app.configure import build_schema
+
+    config = {"listeners": [{"name": "rest", "protocol": "v2-rest", "address": "127.0.0.1:8000"}],
+              "upstreams": [{"name": "local", "protocol": "builtin"}],
+              "policies": [{"name": "cache", "response_cache": options}],
+              "routes": [{"match": {"model": "*"}, "upstream": "local", "policies": ["cache"]}]}
+    errors = list(jsonschema.Draft202012Validator(build_schema()).iter_errors(config))
+    assert not errors if valid else errors
+
+
 def _request(*inputs: Tensor, outputs: tuple[str, ...] = (), **parameters: Any) -> InferRequest:
     return InferRequest("m", "1", "id-1", list(inputs), [RequestedOutput(n) for n in outputs], dict(parameters))
 

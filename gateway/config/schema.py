@@ -26,6 +26,7 @@ from typing import Any
 
 from gateway.config import model as config
 from gateway.config.extensions import GATEWAY_EXTENSIONS
+from gateway.config.policies import FilterCatalog
 from gateway.config.tls import CLIENT_AUTH_MODES
 
 Json = dict[str, Any]
@@ -124,10 +125,14 @@ _SIMPLE = {str: {"type": "string"}, Path: {"type": "string"}, bool: {"type": "bo
 _VALUE_TYPES = {config.Address: "Address", config.StringMatch: "StringMatch"}
 
 
-def build_schema(registry: config.ProtocolCatalog) -> Json:
+def build_schema(registry: config.ProtocolCatalog, filters: FilterCatalog | None = None) -> Json:
     """The schema of a whole config file (GatewayConfig at the root); the
-    protocol names are ``registry``'s (the app hands in gateway.protocols.registry)."""
+    protocol names are ``registry``'s (the app hands in gateway.protocols.registry),
+    the policies' filter kinds and their options ``filters``'."""
     defs: Json = dict(DEFS)
+    if filters is not None:  # each kind's options as its filter describes them; no other kind
+        kinds = {f"^{re.escape(kind)}$": filters.options_schema(kind) for kind in filters.kinds()}
+        defs["PolicyConfig"] = {**DEFS["PolicyConfig"], "patternProperties": kinds, "additionalProperties": False}
     protocols = {("ListenerConfig", "protocol"): tuple(registry.names("frontend")),
                  ("UpstreamConfig", "protocol"): tuple(registry.names("backend"))}
     root = _section(config.GatewayConfig, defs, {**CHOICES, **protocols})

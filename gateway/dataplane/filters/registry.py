@@ -29,3 +29,8 @@ def load(kind: str) -> Any:
 
 def parse_options(kind: str, node: Node) -> Any:
     return load(kind).parse_options(node)
+
+
+def options_schema(kind: str) -> dict[str, Any]:
+    schema: dict[str, Any] = load(kind).options_schema()
+    return schema

@@ -79,6 +79,15 @@ class ResponseCache(Filter):
             node.error("must be more than 0", "max_bytes")
         return options
 
+    @classmethod
+    def options_schema(cls) -> dict[str, Any]:
+        return {"type": ["object", "null"], "additionalProperties": False, "properties": {
+            "ttl": {"$ref": "#/$defs/Duration", "default": "60s",
+                    "description": "how long an answer is served after it was stored"},
+            "max_bytes": {"$ref": "#/$defs/Size", "default": "256MiB",
+                          "description": "bytes of answers kept per worker, also charged to the memory budget"},
+            "backend": {"enum": list(BACKENDS), "default": "memory", "description": "where answers are kept"}}}
+
     def _salt(self, route: Any) -> bytes:
         known = self._salts.get(route.name)
         if known is not None and known[0] is route.config:
