@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import queue
 import time
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,6 +20,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+import tritonclient.utils.shared_memory as shm
 
 from gateway.core.types import Tensor
 from gateway.dataplane.filters.cache_store import answer_size
@@ -47,6 +49,8 @@ routes: [{match: {model: "*"}, upstream: local}]
 def _front(back_rest: str) -> str:
     return f"""
 admin: {{address: "127.0.0.1:0"}}
+server:
+  extensions: [classification, model_configuration, model_repository, statistics, system_shared_memory]
 listeners:
   - {{name: rest, protocol: v2-rest, address: "127.0.0.1:0"}}
   - {{name: grpc, protocol: v2-grpc, address: "127.0.0.1:0"}}
@@ -271,3 +275,48 @@ def test_a_relaying_upstream_is_cached_as_tensors(gateway: GatewayProcess, kind:
     for answer in (first, second):
         np.testing.assert_array_equal(answer.as_numpy("OUTPUT0"), a + a)
         np.testing.assert_array_equal(answer.as_numpy("OUTPUT1"), a - a)
+
+
+@pytest.mark.parametrize("kind", ["rest", "grpc"])
+def test_shared_memory_tensors_are_keyed_by_their_contents(gateway: GatewayProcess, kind: str) -> None:
+    """The listener reads input regions before the filter chain and writes
+    output regions after it: the cache keys what a region holds, and a hit
+    is written into the output region like any answer."""
+    module = httpclient if kind == "rest" else grpcclient
+    a = _fresh()
+    size = a.nbytes
+    tag = uuid.uuid4().hex[:8]
+    handles = [shm.create_shared_memory_region(f"{name}-{tag}", f"/gw-cache-{name}-{tag}", 2 * size)
+               for name in ("in", "out")]
+    try:
+        with _client(gateway, kind) as client:
+            for name in ("in", "out"):
+                client.register_system_shared_memory(f"{name}-{tag}", f"/gw-cache-{name}-{tag}", 2 * size)
+
+            def ask(b: np.ndarray) -> tuple[int, np.ndarray]:
+                """(upstream calls it took, OUTPUT0 as the out region holds it)."""
+                shm.set_shared_memory_region(handles[0], [a, b])
+                shm.set_shared_memory_region(handles[1], [np.zeros_like(a), np.zeros_like(a)])
+                inputs = [module.InferInput(name, [1, 16], "INT32") for name in ("INPUT0", "INPUT1")]
+                for index, item in enumerate(inputs):
+                    item.set_shared_memory(f"in-{tag}", size, offset=index * size)
+                outputs = [module.InferRequestedOutput(name) for name in ("OUTPUT0", "OUTPUT1")]
+                for index, output in enumerate(outputs):
+                    output.set_shared_memory(f"out-{tag}", size, offset=index * size)
+                counts = Counts(gateway)
+                client.infer("simple", inputs, outputs=outputs)
+                held = shm.get_contents_as_numpy(handles[1], np.int32, [1, 16])
+                return counts.delta()[0], held.copy()  # `held` is a view of the mapping, unmapped below
+
+            other = a + 1
+            calls, first = ask(a)
+            again_calls, again = ask(a)
+            changed_calls, changed = ask(other)
+            client.unregister_system_shared_memory()
+    finally:
+        for handle in handles:
+            shm.destroy_shared_memory_region(handle)
+    assert (calls, again_calls, changed_calls) == (1, 0, 1)
+    np.testing.assert_array_equal(first, a + a)
+    np.testing.assert_array_equal(again, a + a)  # the hit, written into the region
+    np.testing.assert_array_equal(changed, a + other)
