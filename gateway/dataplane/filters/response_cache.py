@@ -41,7 +41,7 @@ from gateway.dataplane.filters.cache_store import CacheBackend, MemoryBackend, a
 DEFAULT_TTL = 60.0
 DEFAULT_MAX_BYTES = 256 << 20
 BACKENDS = ("memory",)
-HIT, MISS, SKIP = CACHE_HIT, CACHE_MISS, "skip"  # gateway_cache_requests_total's results
+SKIP = "skip"  # gateway_cache_requests_total's third result, beside CACHE_HIT and CACHE_MISS
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +59,7 @@ class ResponseCache(Filter):
         self.store: CacheBackend = MemoryBackend(options.ttl, options.max_bytes, services.budget, services.offload)
         self._offload = services.offload
         metrics = services.metrics
-        self._hits, self._misses, self._skips = (metrics.cache_result(r) for r in (HIT, MISS, SKIP))
+        self._hits, self._misses, self._skips = (metrics.cache_result(r) for r in (CACHE_HIT, CACHE_MISS, SKIP))
         # Route name -> (the route's config, its salt): made once per route and configuration.
         self._salts: dict[str, tuple[Any, bytes]] = {}
 
