@@ -65,7 +65,7 @@ routes:
   - {{name: via-back, match: {{model: simple, headers: {{x-cache: back}}}}, upstream: back, policies: [cache]}}
   - {{name: short, match: {{model: simple, headers: {{x-cache: short}}}}, upstream: local, policies: [short]}}
   - {{name: small, match: {{model: simple, headers: {{x-cache: small}}}}, upstream: local, policies: [small]}}
-  - {{name: cached, match: {{model: "simple*"}}, upstream: local, policies: [cache]}}
+  - {{name: cached, match: {{model: "*"}}, upstream: local, policies: [cache]}}
 """
 
 
@@ -156,6 +156,42 @@ def test_the_same_tensors_in_every_protocol_are_one_question(gateway: GatewayPro
     for answer in answers:
         np.testing.assert_array_equal(answer.as_numpy("OUTPUT0"), a + a)
         np.testing.assert_array_equal(answer.as_numpy("OUTPUT1"), a - a)
+
+
+def test_bytes_tensors_in_every_protocol_are_one_question(gateway: GatewayProcess) -> None:
+    items = np.array([b"cache-%d" % next(_values), b"", "\u00e9t\u00e9".encode()], dtype=object)
+    counts = Counts(gateway)
+    answers = []
+    with _client(gateway, "rest") as client:
+        for binary in (True, False):
+            item = httpclient.InferInput("INPUT0", [3], "BYTES")
+            item.set_data_from_numpy(items, binary_data=binary)
+            answers.append(client.infer("identity", [item],
+                                        outputs=[httpclient.InferRequestedOutput("OUTPUT0", binary_data=binary)]))
+    with _client(gateway, "grpc") as client:
+        item = grpcclient.InferInput("INPUT0", [3], "BYTES")
+        item.set_data_from_numpy(items)
+        answers.append(client.infer("identity", [item], outputs=[grpcclient.InferRequestedOutput("OUTPUT0")]))
+    assert counts.delta() == (1, 2, 1, 0)
+    for answer in answers:
+        assert [bytes(v) if not isinstance(v, str) else v.encode() for v in answer.as_numpy("OUTPUT0")] == list(items)
+
+
+@pytest.mark.parametrize("kind", ["rest", "grpc"])
+def test_a_big_tensor_is_cached_whole(gateway: GatewayProcess, kind: str) -> None:
+    """4 MiB: hashed and copied in the offload pool, not on the loop."""
+    module = httpclient if kind == "rest" else grpcclient
+    big = np.random.default_rng(next(_values)).random((1, 1 << 20), dtype=np.float32)
+    counts = Counts(gateway)
+    with _client(gateway, kind) as client:
+        answers = []
+        for _ in range(2):
+            item = module.InferInput("INPUT0", list(big.shape), "FP32")
+            item.set_data_from_numpy(big)
+            answers.append(client.infer("identity", [item]).as_numpy("OUTPUT0"))
+    assert counts.delta() == (1, 1, 1, 0)
+    for answer in answers:
+        np.testing.assert_array_equal(answer, big)
 
 
 def test_one_byte_a_parameter_or_an_output_different_is_a_miss(gateway: GatewayProcess) -> None:
