@@ -24,5 +24,5 @@ def load_config(path: str | Path | None = None) -> GatewayConfig:
 
 
 def build_schema() -> schema.Json:
-    """The JSON schema of a config file, naming the registry's protocols."""
-    return schema.build_schema(registry)
+    """The JSON schema of a config file, naming the registries' protocols and filter kinds."""
+    return schema.build_schema(registry, filters)

@@ -30,6 +30,8 @@ class FilterCatalog(Protocol):
 
     def parse_options(self, kind: str, node: Node) -> Any: ...
 
+    def options_schema(self, kind: str) -> dict[str, Any]: ...
+
 
 def parse_policies(node: Node, catalog: FilterCatalog | None) -> tuple[PolicyConfig, ...]:
     kinds = catalog.kinds() if catalog is not None else []

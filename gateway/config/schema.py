@@ -29,6 +29,7 @@ from gateway.config.address import Address
 from gateway.config.catalog import ProtocolCatalog
 from gateway.config.extensions import GATEWAY_EXTENSIONS
 from gateway.config.model import GatewayConfig
+from gateway.config.policies import FilterCatalog
 from gateway.config.routes import RETRY_ON, StringMatch
 from gateway.config.server import READINESS_MODES
 from gateway.config.tls import CLIENT_AUTH_MODES
@@ -133,10 +134,14 @@ _SIMPLE = {str: {"type": "string"}, Path: {"type": "string"}, bool: {"type": "bo
 _VALUE_TYPES = {Address: "Address", StringMatch: "StringMatch"}
 
 
-def build_schema(registry: ProtocolCatalog) -> Json:
+def build_schema(registry: ProtocolCatalog, filters: FilterCatalog | None = None) -> Json:
     """The schema of a whole config file (GatewayConfig at the root); the
-    protocol names are ``registry``'s (the app hands in gateway.protocols.registry)."""
+    protocol names are ``registry``'s (the app hands in gateway.protocols.registry),
+    the policies' filter kinds and their options ``filters``'."""
     defs: Json = dict(DEFS)
+    if filters is not None:  # each kind's options as its filter describes them; no other kind
+        kinds = {f"^{re.escape(kind)}$": filters.options_schema(kind) for kind in filters.kinds()}
+        defs["PolicyConfig"] = {**DEFS["PolicyConfig"], "patternProperties": kinds, "additionalProperties": False}
     protocols = {("ListenerConfig", "protocol"): tuple(registry.names("frontend")),
                  ("UpstreamConfig", "protocol"): tuple(registry.names("backend"))}
     root = _section(GatewayConfig, defs, {**CHOICES, **protocols})

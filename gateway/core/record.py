@@ -37,6 +37,10 @@ _TRACESTATE = re.compile(r"^[\x20-\x7e]*$")
 OUTCOME_OK = "ok"
 OUTCOME_CANCELLED = "cancelled"  # the client went away before the answer
 
+# RequestRecord.cache: what a response cache on the route made of the request.
+CACHE_HIT = "hit"  # answered from the cache, the upstream not called
+CACHE_MISS = "miss"  # not in the cache: sent upstream, its answer stored
+
 # How an upstream client forwarded a same-protocol inference (RequestRecord.passthrough).
 PASSTHROUGH_VERBATIM = "verbatim"  # the client's bytes went up, the upstream's bytes came back
 PASSTHROUGH_RENAMED = "renamed"  # as verbatim, but the answer's model name/version rewritten (a route rewrite)
@@ -128,6 +132,10 @@ class RequestRecord:
     passthrough: str = ""
     # The batch the request rode in upstream (route batching, gateway/dataplane/batching.py); "" when unbatched.
     batch_id: str = ""
+    # The response cache's verdict (CACHE_HIT or CACHE_MISS; "" when no cache
+    # looked) and its time: the look-up, and on a miss storing the answer.
+    cache: str = ""
+    cache_seconds: float = 0.0
 
     def fail(self, kind: str, message: str) -> None:
         """Note the error the client is answered with (first one wins)."""

@@ -272,6 +272,11 @@ class GatewayMetrics:
             ProcessCollector(registry=r)
             PlatformCollector(registry=r)
             GCCollector(registry=r)
+        # Response caches (gateway/dataplane/filters/response_cache.py): what each looked-up request got.
+        self.cache_requests = Counter(
+            "gateway_cache_requests", "Inference requests on routes with a response cache, by result: hit "
+            "(answered from the cache), miss (sent upstream; a successful answer is stored), skip (never "
+            "cached: sequences, streams, mirrored routes, requests without tensors).", ("result",), registry=r)
 
     # --- setup -------------------------------------------------------------
 
@@ -436,6 +441,11 @@ class GatewayMetrics:
             MultiProcessCollector(registry, path=self.multiprocess_dir)
         encoder, content_type = choose_encoder(accept)
         return encoder(registry), content_type
+
+    def cache_result(self, result: str) -> Any:
+        """The counter child of one response-cache result (created at zero);
+        a cache keeps its children and counts with ``.inc()``."""
+        return self.cache_requests.labels(result)
 
 
 # What reading the workers' metric files can raise while a worker is

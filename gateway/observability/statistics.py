@@ -19,7 +19,11 @@ Triton's own statistics are not forwarded):
 - compute_infer: the upstream call(s), backend translation included;
 - compute_output: translating the response (frontend encode);
 - inference_count: batch elements of successful requests; execution_count:
-  successful requests (each is one upstream execution as the gateway sees it).
+  successful requests (each is one upstream execution as the gateway sees it);
+- cache_hit / cache_miss: requests a route's response cache answered / did
+  not, with the time of the look-up (and, on a miss, of storing the answer).
+  As in Triton, a hit counts in success and queue but computes nothing: no
+  compute_*, inference_count, execution_count or batch statistics.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.core.record import OUTCOME_OK, RequestRecord
+from gateway.core.record import CACHE_HIT, CACHE_MISS, OUTCOME_OK, RequestRecord
 
 MODEL_NOT_FOUND_OUTCOME = "model_not_found"  # ErrorKind.MODEL_NOT_FOUND.value
 MAX_BATCH_SIZES = 64  # distinct batch sizes tracked per model and version
@@ -79,6 +83,8 @@ class ModelStatistics:
     compute_infer: Duration = field(default_factory=Duration)
     compute_output: Duration = field(default_factory=Duration)
     batches: dict[int, BatchStatistics] = field(default_factory=dict)
+    cache_hit: Duration = field(default_factory=Duration)
+    cache_miss: Duration = field(default_factory=Duration)
 
     def copy(self) -> ModelStatistics:
         """A snapshot that later requests do not change."""
@@ -90,7 +96,8 @@ class ModelStatistics:
             dup(self.success), dup(self.fail), dup(self.queue), dup(self.compute_input), dup(self.compute_infer),
             dup(self.compute_output),
             {size: BatchStatistics(size, dup(b.compute_input), dup(b.compute_infer), dup(b.compute_output))
-             for size, b in sorted(self.batches.items())})
+             for size, b in sorted(self.batches.items())},
+            dup(self.cache_hit), dup(self.cache_miss))
 
 
 # Whether the asker may see the accumulator of (model, version, route).
@@ -122,6 +129,12 @@ class StatisticsStore:
             return
         stats.success.add(duration)
         stats.queue.add(record.queue_seconds)
+        if record.cache:
+            if record.cache == CACHE_HIT:
+                stats.cache_hit.add(record.cache_seconds)
+                return
+            if record.cache == CACHE_MISS:
+                stats.cache_miss.add(record.cache_seconds)
         stats.compute_input.add(record.decode_seconds)
         stats.compute_infer.add(record.upstream_seconds)
         stats.compute_output.add(record.encode_seconds)

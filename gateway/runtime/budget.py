@@ -71,6 +71,12 @@ class InflightBudget:
             self.used -= reservation.size
             reservation.size, reservation.released = 0, True
 
+    def _give_back_part(self, reservation: Reservation, size: int) -> None:
+        with self._lock:
+            size = min(size, reservation.size)
+            self.used -= size
+            reservation.size -= size
+
 
 class Released(Exception):
     """A reservation was grown after its request ended: a decoder in the
@@ -102,6 +108,12 @@ class Reservation:
     def release(self) -> None:
         if not self.released:
             self._budget._give_back(self)
+
+    def shrink(self, size: int) -> None:
+        """Give back ``size`` bytes of what it holds and keep the rest: state
+        kept between requests (a cache) lets go of part of itself."""
+        if size > 0 and not self.released:
+            self._budget._give_back_part(self, size)
 
 
 async def admit_json(body: bytes | bytearray | memoryview, reservation: Reservation, offload: Offloader,

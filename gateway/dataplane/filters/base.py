@@ -75,6 +75,12 @@ class Filter:
             node.error(f"'{cls.kind}' takes no options")
         return None
 
+    @classmethod
+    def options_schema(cls) -> dict[str, Any]:
+        """The JSON Schema of the policy's options (`gateway schema`): what
+        an editor can tell of them; parse_options stays the authority."""
+        return {"type": ["object", "null"], "maxProperties": 0}
+
     async def on_request(self, call: FilterCall) -> InferResponse | None:
         """Before the upstream: None to go on, an answer to answer early, or
         raise a GatewayError to refuse."""

@@ -13,6 +13,7 @@ from typing import Any
 from gateway.config.node import Node
 
 FILTERS: dict[str, str] = {
+    "response_cache": "gateway.dataplane.filters.response_cache:ResponseCache",
 }
 
 
@@ -28,3 +29,8 @@ def load(kind: str) -> Any:
 
 def parse_options(kind: str, node: Node) -> Any:
     return load(kind).parse_options(node)
+
+
+def options_schema(kind: str) -> dict[str, Any]:
+    schema: dict[str, Any] = load(kind).options_schema()
+    return schema

@@ -95,10 +95,9 @@ def statistics_message(found: list[ModelStatistics]) -> Any:
         item = reply.model_stats.add(name=s.name, version=s.version, last_inference=s.last_inference_ms,
                                      inference_count=s.inference_count, execution_count=s.execution_count)
         stats = item.inference_stats
-        for field in ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output"):
+        for field in ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output", "cache_hit",
+                      "cache_miss"):
             _fill(getattr(stats, field), getattr(s, field))
-        _fill(stats.cache_hit, Duration())
-        _fill(stats.cache_miss, Duration())
         for b in s.batches.values():
             batch = item.batch_stats.add(batch_size=b.batch_size)
             for field in ("compute_input", "compute_infer", "compute_output"):

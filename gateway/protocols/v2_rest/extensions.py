@@ -57,7 +57,7 @@ def statistics_json(found: list[ModelStatistics]) -> dict[str, Any]:
             "success": _duration(s.success), "fail": _duration(s.fail), "queue": _duration(s.queue),
             "compute_input": _duration(s.compute_input), "compute_infer": _duration(s.compute_infer),
             "compute_output": _duration(s.compute_output),
-            "cache_hit": {"count": 0, "ns": 0}, "cache_miss": {"count": 0, "ns": 0},  # no response cache
+            "cache_hit": _duration(s.cache_hit), "cache_miss": _duration(s.cache_miss),
         },
         "response_stats": {},
         "batch_stats": [{
