@@ -272,6 +272,12 @@ class GatewayMetrics:
             ProcessCollector(registry=r)
             PlatformCollector(registry=r)
             GCCollector(registry=r)
+        # Payload logging (gateway/dataplane/filters/payload_log.py): events by what became of them.
+        self.payload_log = Counter(
+            "gateway_payload_log", "Payload-log events (CloudEvents to a sink) by result: sent (the sink "
+            "answered 2xx), failed (refused, an error answer or no answer within the timeout), dropped (the "
+            "queue or the memory budget was full).", ("result",), registry=r)
+        self._payload_log = {result: self.payload_log.labels(result) for result in ("sent", "dropped", "failed")}
 
     # --- setup -------------------------------------------------------------
 
@@ -436,6 +442,9 @@ class GatewayMetrics:
             MultiProcessCollector(registry, path=self.multiprocess_dir)
         encoder, content_type = choose_encoder(accept)
         return encoder(registry), content_type
+
+    def record_payload_log(self, result: str, events: int) -> None:
+        self._payload_log[result].inc(events)
 
 
 # What reading the workers' metric files can raise while a worker is

@@ -13,6 +13,7 @@ from typing import Any
 from gateway.config.node import Node
 
 FILTERS: dict[str, str] = {
+    "payload_log": "gateway.dataplane.filters.payload_log:PayloadLogFilter",
 }
 
 

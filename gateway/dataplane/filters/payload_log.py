@@ -1,0 +1,274 @@
+"""The payload_log filter: each request and answer of a route as a
+CloudEvent to an HTTP sink (KServe's inference logger semantics).
+
+A request becomes an ``org.kubeflow.serving.inference.request`` event, its
+answer an ``org.kubeflow.serving.inference.response`` event (each answer
+of a stream one), both with ``ce-id`` = the request id, ``ce-source`` naming
+the gateway and the route, and the model and the client's protocol as
+extension attributes. The body is V2 JSON whatever protocol the client
+spoke: tensors as the V2 REST protocol writes them, each tensor above
+``max_tensor_bytes`` (and any past ``max_event_bytes`` in one event) as its
+name, datatype and shape only, marked as omitted.
+
+The request path only writes the event (it must: the frontend lets go of
+a request's tensors once the upstream has them) and queues it; sending is
+the :class:`EventSink`'s, off the path. ``sample`` picks requests by a hash
+of their id, so a request's two events are logged or skipped together.
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from gateway.config.node import Node
+from gateway.core.errors import GatewayError
+from gateway.core.tensors import array_to_json
+from gateway.core.types import ELEMENT_SIZE, InferRequest, InferResponse, RawPayload, Tensor
+from gateway.dataplane.filters.base import STREAM, Filter, FilterCall
+from gateway.dataplane.filters.eventsink import Event, EventSink, SinkAddress, header_value
+from gateway.observability.metrics import metrics_of
+
+MODES = ("all", "request", "response")
+REQUEST_TYPE = "org.kubeflow.serving.inference.request"
+RESPONSE_TYPE = "org.kubeflow.serving.inference.response"
+# Where a tensor's data was left out, its parameters say why and how big it was.
+OMITTED = "data_omitted"
+OMITTED_BYTES = "data_bytes"
+_JSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY
+
+
+@dataclass(frozen=True, slots=True)
+class PayloadLogOptions:
+    url: str
+    mode: str = "all"  # all | request | response
+    sample: float = 1.0  # the fraction of requests logged
+    max_queue: int = 10000  # events waiting for the sink; past it new ones are dropped
+    max_queue_bytes: int = 64 << 20  # their bytes, charged to the memory budget while queued
+    max_tensor_bytes: int = 64 << 10  # a tensor larger than this is logged as metadata only
+    max_event_bytes: int = 1 << 20  # tensor data in one event; tensors past it as metadata only
+    timeout: float = 5.0  # one event's send, connecting included
+    connections: int = 2  # keep-alive connections (and senders) to the sink
+    headers: SinkHeaders = field(default_factory=lambda: SinkHeaders(()))  # sent with every event
+
+
+class SinkHeaders:
+    """Headers sent with every event (e.g. Authorization). Their values
+    may be secrets: shown nowhere (/config shows the type's name only, the
+    repr the names only); equal by value, so an unchanged policy keeps its
+    filter across a reload."""
+
+    __slots__ = ("pairs",)
+
+    def __init__(self, pairs: tuple[tuple[str, str], ...]) -> None:
+        self.pairs = pairs
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, SinkHeaders) and other.pairs == self.pairs
+
+    def __hash__(self) -> int:
+        return hash(self.pairs)
+
+    def __repr__(self) -> str:
+        return f"SinkHeaders({[name for name, _ in self.pairs]})"
+
+
+class PayloadLogFilter(Filter):
+    kind = "payload_log"
+
+    def __init__(self, name: str, options: PayloadLogOptions, services: Any) -> None:
+        super().__init__(name, options, services)
+        self.log_requests = options.mode != "response"
+        self.log_responses = options.mode != "request"
+        # Requests whose id hashes below this are logged (2**32: all of them).
+        self.sample_below = round(options.sample * (1 << 32))
+        self.server = header_value(services.identity.name)
+        self.sources: dict[str, str] = {}  # route name -> its ce-source header value
+        self.sink = EventSink(SinkAddress.parse(options.url), options.headers.pairs, options.timeout,
+                              options.connections, options.max_queue, options.max_queue_bytes, services.budget,
+                              metrics_of(services).record_payload_log)
+
+    @classmethod
+    def parse_options(cls, node: Node) -> PayloadLogOptions | None:
+        defaults = PayloadLogOptions("")
+        if not node.is_mapping:
+            node.error("must be a mapping with at least 'url'")
+            return None
+        url = node.string("url")
+        if isinstance(url, str):
+            try:
+                SinkAddress.parse(url)
+            except ValueError as exc:
+                node.error(str(exc), "url")
+        sample = node.get("sample", float, defaults.sample)
+        if isinstance(sample, float) and not 0.0 <= sample <= 1.0:
+            node.error(f"must be between 0 and 1, got {sample}", "sample")
+        options = PayloadLogOptions(
+            url=url if isinstance(url, str) else "",
+            mode=node.choice("mode", MODES, defaults.mode),
+            sample=sample,
+            max_queue=node.integer("max_queue", defaults.max_queue, minimum=1),
+            max_queue_bytes=_positive_size(node, "max_queue_bytes", defaults.max_queue_bytes),
+            max_tensor_bytes=node.size("max_tensor_bytes", defaults.max_tensor_bytes),
+            max_event_bytes=node.size("max_event_bytes", defaults.max_event_bytes),
+            timeout=_positive_duration(node, "timeout", defaults.timeout),
+            connections=node.integer("connections", defaults.connections, minimum=1),
+            headers=_headers(node.child("headers", {})),
+        )
+        if isinstance(options.connections, int) and options.connections > 64:
+            node.error(f"must be at most 64, got {options.connections}", "connections")
+        node.check_no_unknown_keys()
+        return options
+
+    # --- the request path -------------------------------------------------------
+
+    async def on_request(self, call: FilterCall) -> InferResponse | None:
+        if self.log_requests and self._sampled(call):
+            request = call.request
+            self._queue(call, REQUEST_TYPE, self._request_body(request), "")
+        return None
+
+    async def on_response(self, call: FilterCall, response: InferResponse) -> InferResponse:
+        if self.log_responses and self._sampled(call):
+            index = ""
+            if call.kind == STREAM:  # a stream's answers are numbered from 0
+                count = call.notes.get(self.name, 0)
+                call.notes[self.name] = count + 1
+                index = f"ce-streamindex: {count}\r\n"
+            self._queue(call, RESPONSE_TYPE, self._response_body(response), index)
+        return response
+
+    def _sampled(self, call: FilterCall) -> bool:
+        below = self.sample_below
+        if below >= 1 << 32:
+            return True
+        return zlib.crc32(self._id(call).encode()) < below
+
+    @staticmethod
+    def _id(call: FilterCall) -> str:
+        return call.ctx.request_id or call.request.id
+
+    def _queue(self, call: FilterCall, kind: str, body: bytes, more: str) -> None:
+        ctx = call.ctx
+        route = call.route.name
+        source = self.sources.get(route)
+        if source is None:
+            source = self.sources[route] = f"/{self.server}/routes/{header_value(route)}"
+        request = call.request
+        version = f"ce-modelversion: {header_value(request.model_version)}\r\n" if request.model_version else ""
+        head = (f"ce-specversion: 1.0\r\nce-id: {header_value(self._id(call))}\r\nce-type: {kind}\r\n"
+                f"ce-source: {source}\r\nce-modelname: {header_value(request.model_name)}\r\n{version}"
+                f"ce-protocol: {header_value(ctx.protocol)}\r\n{more}")
+        self.sink.offer(Event(head, body, time.time()))
+
+    # --- V2 JSON ----------------------------------------------------------------
+
+    def _request_body(self, request: InferRequest) -> bytes:
+        if not request.inputs and request.raw is not None:
+            return self._relayed(request.raw, {"id": request.id})
+        room = [self.options.max_event_bytes]
+        head: dict[str, Any] = {"id": request.id} if request.id else {}
+        if request.parameters:
+            head["parameters"] = request.parameters
+        head["inputs"] = [self._tensor(tensor, room) for tensor in request.inputs]
+        if request.outputs:
+            head["outputs"] = [{"name": o.name, "parameters": o.parameters} if o.parameters else {"name": o.name}
+                               for o in request.outputs]
+        return _dumps(head)
+
+    def _response_body(self, response: InferResponse) -> bytes:
+        named = {"model_name": response.model_name, "model_version": response.model_version}
+        if response.id:
+            named["id"] = response.id
+        if not response.outputs and response.raw is not None:
+            return self._relayed(response.raw, named)
+        room = [self.options.max_event_bytes]
+        head: dict[str, Any] = dict(named)
+        if response.parameters:
+            head["parameters"] = response.parameters
+        head["outputs"] = [self._tensor(tensor, room) for tensor in response.outputs]
+        return _dumps(head)
+
+    def _tensor(self, tensor: Tensor, room: list[int]) -> dict[str, Any]:
+        """A tensor as V2 JSON; its data only if within the size limits
+        (``room``: what the event may still hold)."""
+        item: dict[str, Any] = {"name": tensor.name, "datatype": tensor.datatype, "shape": list(tensor.shape)}
+        size, why = _size(tensor, self.options.max_tensor_bytes)
+        if why is None and size > room[0]:
+            why = "max_event_bytes"
+        if why is None:
+            try:
+                data = array_to_json(tensor)
+            except GatewayError:  # BYTES that are not UTF-8: JSON cannot carry them
+                why = "not UTF-8"
+            else:
+                room[0] -= size
+                if tensor.parameters:
+                    item["parameters"] = tensor.parameters
+                item["data"] = data
+                return item
+        item["parameters"] = {**tensor.parameters, OMITTED: why, OMITTED_BYTES: size}
+        return item
+
+    def _relayed(self, raw: RawPayload, named: dict[str, Any]) -> bytes:
+        """A body the gateway relayed without decoding it (a pass-through
+        between like protocols): logged as it came when it is plain JSON
+        within max_event_bytes (for V2 REST that is V2 JSON), else as
+        metadata only."""
+        size = len(raw.body)
+        if raw.content_type.startswith("application/json") and not raw.headers \
+                and size <= self.options.max_event_bytes:
+            return bytes(raw.body)
+        return _dumps({**named, "parameters": {OMITTED: "relayed undecoded", OMITTED_BYTES: size}})
+
+    async def close(self) -> None:
+        await self.sink.close()
+
+
+def _size(tensor: Tensor, limit: int) -> tuple[int, str | None]:
+    """The tensor's data size, and why it is too big to log (None: it is not)."""
+    count = tensor.element_count
+    if tensor.datatype != "BYTES":
+        size = count * ELEMENT_SIZE[tensor.datatype]
+        return size, ("max_tensor_bytes" if size > limit else None)
+    if count * 4 > limit:  # each element takes at least its 4-byte length
+        return count * 4, "max_tensor_bytes"
+    size = tensor.nbytes
+    return size, ("max_tensor_bytes" if size > limit else None)
+
+
+def _dumps(head: dict[str, Any]) -> bytes:
+    return orjson.dumps(head, default=str, option=_JSON_OPTIONS)
+
+
+def _positive_size(node: Node, key: str, default: int) -> int:
+    value: int = node.size(key, default)
+    if isinstance(value, int) and value <= 0:
+        node.error("must be more than 0", key)
+    return value
+
+
+def _positive_duration(node: Node, key: str, default: float) -> float:
+    value: float = node.duration(key, default)
+    if isinstance(value, float) and value <= 0:
+        node.error("must be more than 0", key)
+    return value
+
+
+def _headers(node: Node) -> SinkHeaders:
+    """``headers: {name: value}``: sent with every event (values are never logged)."""
+    found = []
+    for name, item in node.entries():
+        value = item.value
+        if not name or any(c in name for c in ' \t\r\n:') or name.lower().startswith("ce-") \
+                or name.lower() in ("host", "content-length", "content-type", "transfer-encoding", "connection"):
+            item.error("must be a header name the sender does not write itself (not ce-*, Host, Content-*)")
+        elif not isinstance(value, str) or not value.isascii() or any(c in value for c in "\r\n"):
+            item.error("must be ASCII text on one line")
+        else:
+            found.append((name, value))
+    return SinkHeaders(tuple(found))
