@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import ssl
 from collections import deque
 from dataclasses import dataclass
@@ -43,6 +44,7 @@ MAX_ANSWER_HEAD = 64 << 10
 FIRST_PAUSE, MAX_PAUSE = 0.05, 1.0
 # CloudEvents' HTTP binding (3.1.3.2): printable ASCII except space, '"' and '%' go as they are.
 _HEADER_SAFE = "".join(chr(c) for c in range(0x21, 0x7F) if chr(c) not in ' "%')
+_NEEDS_QUOTING = re.compile(r'[^\x21\x23\x24\x26-\x7e]')
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +78,7 @@ class SinkAddress:
 
 def header_value(value: str) -> str:
     """An attribute value as a ``ce-`` header carries it (percent-encoded)."""
-    return quote(value, safe=_HEADER_SAFE)
+    return quote(value, safe=_HEADER_SAFE) if _NEEDS_QUOTING.search(value) else value
 
 
 class Event:
@@ -113,6 +115,15 @@ class EventSink:
         self._ready = asyncio.Event()
         self._senders: list[asyncio.Task[None]] = []
         self._closed = False
+
+    def has_room(self) -> bool:
+        """Whether an event may be queued now (else it is counted as
+        dropped): asked before the event is written, so a full queue costs
+        a request nothing more."""
+        if len(self._events) < self.max_queue and not self._closed:
+            return True
+        self._count(DROPPED, 1)
+        return False
 
     def offer(self, event: Event) -> None:
         """Queue ``event`` or drop it (counted); never waits, never raises."""

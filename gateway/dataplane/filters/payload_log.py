@@ -28,7 +28,7 @@ import orjson
 from gateway.config.node import Node
 from gateway.core.errors import GatewayError
 from gateway.core.tensors import array_to_json
-from gateway.core.types import ELEMENT_SIZE, InferRequest, InferResponse, RawPayload, Tensor
+from gateway.core.types import InferRequest, InferResponse, RawPayload, Tensor
 from gateway.dataplane.filters.base import STREAM, Filter, FilterCall
 from gateway.dataplane.filters.eventsink import Event, EventSink, SinkAddress, header_value
 from gateway.observability.metrics import metrics_of
@@ -36,6 +36,8 @@ from gateway.observability.metrics import metrics_of
 MODES = ("all", "request", "response")
 REQUEST_TYPE = "org.kubeflow.serving.inference.request"
 RESPONSE_TYPE = "org.kubeflow.serving.inference.response"
+REQUEST_TYPE_LINE = f"ce-type: {REQUEST_TYPE}\r\n"
+RESPONSE_TYPE_LINE = f"ce-type: {RESPONSE_TYPE}\r\n"
 # Where a tensor's data was left out, its parameters say why and how big it was.
 OMITTED = "data_omitted"
 OMITTED_BYTES = "data_bytes"
@@ -87,7 +89,9 @@ class PayloadLogFilter(Filter):
         # Requests whose id hashes below this are logged (2**32: all of them).
         self.sample_below = round(options.sample * (1 << 32))
         self.server = header_value(services.identity.name)
-        self.sources: dict[str, str] = {}  # route name -> its ce-source header value
+        self.sources: dict[str, str] = {}  # route name -> its ce-source header line
+        self.protocols: dict[str, str] = {}  # client protocol -> its ce-protocol header line
+        self.stream_index = f"{name}.stream_index"  # in FilterCall.notes: a stream's answers so far
         self.sink = EventSink(SinkAddress.parse(options.url), options.headers.pairs, options.timeout,
                               options.connections, options.max_queue, options.max_queue_bytes, services.budget,
                               metrics_of(services).record_payload_log)
@@ -127,19 +131,19 @@ class PayloadLogFilter(Filter):
     # --- the request path -------------------------------------------------------
 
     async def on_request(self, call: FilterCall) -> InferResponse | None:
-        if self.log_requests and self._sampled(call):
-            request = call.request
-            self._queue(call, REQUEST_TYPE, self._request_body(request), "")
+        if self.log_requests and self._sampled(call) and self.sink.has_room():
+            self.sink.offer(Event(self._attributes(call) + REQUEST_TYPE_LINE, self._request_body(call.request),
+                                  time.time()))
         return None
 
     async def on_response(self, call: FilterCall, response: InferResponse) -> InferResponse:
-        if self.log_responses and self._sampled(call):
-            index = ""
+        if self.log_responses and self._sampled(call) and self.sink.has_room():
+            head = self._attributes(call) + RESPONSE_TYPE_LINE
             if call.kind == STREAM:  # a stream's answers are numbered from 0
-                count = call.notes.get(self.name, 0)
-                call.notes[self.name] = count + 1
-                index = f"ce-streamindex: {count}\r\n"
-            self._queue(call, RESPONSE_TYPE, self._response_body(response), index)
+                count = call.notes.get(self.stream_index, 0)
+                call.notes[self.stream_index] = count + 1
+                head += f"ce-streamindex: {count}\r\n"
+            self.sink.offer(Event(head, self._response_body(response), time.time()))
         return response
 
     def _sampled(self, call: FilterCall) -> bool:
@@ -152,18 +156,26 @@ class PayloadLogFilter(Filter):
     def _id(call: FilterCall) -> str:
         return call.ctx.request_id or call.request.id
 
-    def _queue(self, call: FilterCall, kind: str, body: bytes, more: str) -> None:
-        ctx = call.ctx
+    def _attributes(self, call: FilterCall) -> str:
+        """The ``ce-`` header lines a request's events share (ce-type and
+        ce-time apart), written once per request."""
+        notes = call.notes
+        head: str | None = notes.get(self.name)
+        if head is not None:
+            return head
         route = call.route.name
         source = self.sources.get(route)
         if source is None:
-            source = self.sources[route] = f"/{self.server}/routes/{header_value(route)}"
+            source = self.sources[route] = f"ce-source: /{self.server}/routes/{header_value(route)}\r\n"
+        protocol = call.ctx.protocol
+        protocol_line = self.protocols.get(protocol)
+        if protocol_line is None:
+            protocol_line = self.protocols[protocol] = f"ce-protocol: {header_value(protocol)}\r\n"
         request = call.request
         version = f"ce-modelversion: {header_value(request.model_version)}\r\n" if request.model_version else ""
-        head = (f"ce-specversion: 1.0\r\nce-id: {header_value(self._id(call))}\r\nce-type: {kind}\r\n"
-                f"ce-source: {source}\r\nce-modelname: {header_value(request.model_name)}\r\n{version}"
-                f"ce-protocol: {header_value(ctx.protocol)}\r\n{more}")
-        self.sink.offer(Event(head, body, time.time()))
+        head = notes[self.name] = (f"ce-specversion: 1.0\r\nce-id: {header_value(self._id(call))}\r\n{source}"
+                                   f"ce-modelname: {header_value(request.model_name)}\r\n{version}{protocol_line}")
+        return head
 
     # --- V2 JSON ----------------------------------------------------------------
 
@@ -231,10 +243,10 @@ class PayloadLogFilter(Filter):
 
 def _size(tensor: Tensor, limit: int) -> tuple[int, str | None]:
     """The tensor's data size, and why it is too big to log (None: it is not)."""
-    count = tensor.element_count
     if tensor.datatype != "BYTES":
-        size = count * ELEMENT_SIZE[tensor.datatype]
+        size = tensor.data.nbytes
         return size, ("max_tensor_bytes" if size > limit else None)
+    count = tensor.data.size
     if count * 4 > limit:  # each element takes at least its 4-byte length
         return count * 4, "max_tensor_bytes"
     size = tensor.nbytes
