@@ -9,7 +9,9 @@ gateway_payload_log_total."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import queue
 import statistics
 import subprocess
 import sys
@@ -28,6 +30,7 @@ import tritonclient.http as httpclient
 
 from gateway.app.configure import parse_config
 from gateway.config.node import ConfigError
+from peers.echo_upstream import EchoServer
 from support import REPO, GatewayProcess, free_port, metric_value, scrape_metrics, stop_process, wait_for, write_config
 
 TESTS = REPO / "tests"
@@ -73,7 +76,13 @@ def sinks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SinkProces
         stop_process(sink.proc)
 
 
-def gateway_config(sink: SinkProcess, hung: SinkProcess, dead_port: int) -> str:
+@pytest.fixture(scope="module")
+def echo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EchoServer]:
+    with EchoServer.running({"E": EchoServer("E", tmp_path_factory.mktemp("echo"))}) as servers:
+        yield servers["E"]
+
+
+def gateway_config(sink: SinkProcess, hung: SinkProcess, dead_port: int, echo: EchoServer) -> str:
     routes = "".join(
         f"  - {{name: {name}, match: {{model: '*', headers: {{x-log: {name}}}}}, upstream: local, "
         f"policies: [{name}]}}\n" for name in ("requests", "responses", "half", "dead", "hung", "tiny"))
@@ -85,6 +94,7 @@ listeners:
   - {{name: v1, protocol: v1-rest, address: "127.0.0.1:0"}}
 upstreams:
   - {{name: local, protocol: builtin}}
+  - {{name: echo, protocol: v2-rest, endpoints: ["{echo.address}"]}}
 policies:
   - {{name: audit, payload_log: {{url: "{sink.url('/audit')}", max_tensor_bytes: 1KiB}}}}
   - {{name: requests, payload_log: {{url: "{sink.url('/requests')}", mode: request}}}}
@@ -94,17 +104,18 @@ policies:
   - {{name: hung, payload_log: {{url: "{hung.url('/')}", timeout: {SLOW_SINK_TIMEOUT}}}}}
   - {{name: tiny, payload_log: {{url: "{hung.url('/')}", timeout: 60s, max_queue: 2, connections: 1}}}}
 routes:
-{routes}  - {{name: plain, match: {{model: '*', headers: {{x-log: plain}}}}, upstream: local}}
+{routes}  - {{name: relayed, match: {{model: '*', headers: {{x-log: relayed}}}}, upstream: echo, policies: [audit]}}
+  - {{name: plain, match: {{model: '*', headers: {{x-log: plain}}}}, upstream: local}}
   - {{name: logged, match: {{model: '*'}}, upstream: local, policies: [audit]}}
 """
 
 
 @pytest.fixture(scope="module")
-def gateway(sinks: tuple[SinkProcess, SinkProcess], tmp_path_factory: pytest.TempPathFactory
+def gateway(sinks: tuple[SinkProcess, SinkProcess], echo: EchoServer, tmp_path_factory: pytest.TempPathFactory
             ) -> Iterator[GatewayProcess]:
     directory = tmp_path_factory.mktemp("payload-log")
     sink, hung = sinks
-    with GatewayProcess(write_config(directory, gateway_config(sink, hung, free_port())),
+    with GatewayProcess(write_config(directory, gateway_config(sink, hung, free_port(), echo)),
                         directory / "gateway.log") as gw:
         yield gw
 
@@ -201,6 +212,42 @@ def test_a_tensor_over_max_tensor_bytes_is_logged_as_metadata_only(
         assert tensor["datatype"] == "FP32" and tensor["shape"] == [1, 1024]
         assert tensor["parameters"]["data_omitted"] == "max_tensor_bytes"
         assert tensor["parameters"]["data_bytes"] == 4096
+
+
+def test_an_answer_relayed_undecoded_is_logged_as_it_came(gateway: GatewayProcess,
+                                                           sinks: tuple[SinkProcess, SinkProcess]) -> None:
+    """V2 REST client to a V2 REST upstream: the answer's bytes are relayed
+    without being decoded, and logged as they came (they are V2 JSON)."""
+    sink, _ = sinks
+    body: dict[str, Any] = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 2], "data": [1.5, 2.5]}]}
+    reply = requests.post(f"http://{gateway.url('rest')}/v2/models/anything/infer", json=body,
+                          headers={"x-request-id": "relayed", "x-log": "relayed"}, timeout=10)
+    assert reply.status_code == 200, reply.text
+    events = _by_type(sink.events("relayed", 2))
+    assert events["request"]["data"]["inputs"] == body["inputs"]
+    assert events["response"]["data"] == reply.json()
+    assert events["response"]["attributes"]["source"] == f"/{SERVER}/routes/relayed"
+
+
+def test_each_answer_of_a_stream_is_a_numbered_response_event(gateway: GatewayProcess,
+                                                               sinks: tuple[SinkProcess, SinkProcess]) -> None:
+    sink, _ = sinks
+    answers: queue.Queue[Any] = queue.Queue()
+    with grpcclient.InferenceServerClient(gateway.url("grpc")) as client:
+        client.start_stream(callback=lambda result, error: answers.put((result, error)))
+        try:
+            inputs, a, b = _simple(grpcclient)
+            client.async_stream_infer("simple", inputs, request_id="streamed")
+            result, error = answers.get(timeout=10)
+        finally:
+            client.stop_stream()
+    assert error is None
+    events = _by_type(sink.events("streamed", 2))
+    assert events["response"]["attributes"]["streamindex"] == "0"
+    assert "streamindex" not in events["request"]["attributes"]
+    outputs = {t["name"]: t["data"] for t in events["response"]["data"]["outputs"]}
+    assert outputs["OUTPUT0"] == result.as_numpy("OUTPUT0").reshape(-1).tolist() == (a + b).reshape(-1).tolist()
+    assert {e["attributes"]["protocol"] for e in events.values()} == {"v2-grpc"}
 
 
 @pytest.mark.parametrize(("mode", "kind"), [("requests", "request"), ("responses", "response")])
@@ -322,3 +369,39 @@ def test_options_and_their_defaults() -> None:
     assert "s3cret" not in repr(options)
     assert options == parse_config(_config('{url: "http://sink:8080/log", headers: {Authorization: "Bearer s3cret"}}'
                                            )).policies[0].options  # equal by value: kept across a reload
+
+
+# --- the queue's memory ------------------------------------------------------------
+
+
+def test_queued_events_are_charged_to_the_memory_budget_and_given_back() -> None:
+    """Events held for a sink that refuses connections (a real closed port)
+    hold the budget while queued; past it they are dropped; every charge is
+    given back once they failed or the sink closed."""
+    from gateway.dataplane.filters.eventsink import DROPPED, FAILED, Event, EventSink, SinkAddress
+    from gateway.runtime.budget import InflightBudget
+
+    async def run() -> None:
+        size = Event("", b"x" * 1000, 0.0).size
+        budget = InflightBudget(4 * size)
+        counts = {DROPPED: 0, FAILED: 0}
+
+        def count(result: str, n: int) -> None:
+            counts[result] += n
+
+        sink = EventSink(SinkAddress.parse(f"http://127.0.0.1:{free_port()}/"), (), 1.0, 1, 100, 1 << 20,
+                         budget, count)
+        for _ in range(10):
+            sink.offer(Event("", b"x" * 1000, 0.0))
+        assert counts[DROPPED] == 6  # four fit the budget
+        assert budget.used == sink.queued_bytes == 4 * size  # nothing sent yet: the senders run at the next await
+        for _ in range(200):  # the sender takes them one by one: refused, counted as failed
+            if counts[FAILED] >= 1:
+                break
+            await asyncio.sleep(0.01)
+        assert counts[FAILED] >= 1
+        await sink.close()
+        assert budget.used == 0
+        assert counts[DROPPED] + counts[FAILED] == 10
+
+    asyncio.run(run())
