@@ -53,8 +53,8 @@ async def _measure(options: PayloadLogOptions, requests: int, full: bool) -> flo
             await step.on_request(call)
             await step.on_response(call, response)
         spent += time.process_time() - started
-        while step.sink._take() is not None:  # what the senders would do, off the path
-            pass
+        while (event := step.sink._take()) is not None:  # what the senders do, off the path
+            step.sink._done(event)
     await step.sink.close()
     return spent / requests * 1e6
 

@@ -146,14 +146,15 @@ class EventSink:
         self._ready.set()
 
     def _take(self) -> Event | None:
+        """The next event; it holds its charge until :meth:`_done`."""
         if not self._events:
             return None
         event = self._events.popleft()
-        self._let_go(event)
+        self.queued_bytes -= event.size
         return event
 
-    def _let_go(self, event: Event) -> None:
-        self.queued_bytes -= event.size
+    @staticmethod
+    def _done(event: Event) -> None:
         if event.held is not None:
             event.held.release()
 
@@ -173,6 +174,9 @@ class EventSink:
                 try:
                     async with asyncio.timeout(self.timeout):
                         status = await connection.post(self._head(event), event.body)
+                except asyncio.CancelledError:  # the sink closes: this event goes unsent
+                    self._count(DROPPED, 1)
+                    raise
                 except Exception as exc:  # refused, reset, timed out, garbled: this event failed
                     connection.close()
                     connection = None
@@ -181,6 +185,8 @@ class EventSink:
                     log.debug("payload log: an event to the sink failed: %s", type(exc).__name__)
                     await asyncio.sleep(pause)
                     continue
+                finally:
+                    self._done(event)
                 if connection.spent:
                     connection.close()
                     connection = None
@@ -209,7 +215,8 @@ class EventSink:
                 await task
         self._senders = []
         dropped = 0
-        while self._take() is not None:
+        while (event := self._take()) is not None:
+            self._done(event)
             dropped += 1
         if dropped:
             self._count(DROPPED, dropped)
