@@ -85,7 +85,7 @@ def echo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EchoServer]:
 def gateway_config(sink: SinkProcess, hung: SinkProcess, dead_port: int, echo: EchoServer) -> str:
     routes = "".join(
         f"  - {{name: {name}, match: {{model: '*', headers: {{x-log: {name}}}}}, upstream: local, "
-        f"policies: [{name}]}}\n" for name in ("requests", "responses", "half", "dead", "hung", "tiny"))
+        f"policies: [{name}]}}\n" for name in ("requests", "responses", "half", "dead", "hung", "tiny", "wide"))
     return f"""
 admin: {{address: "127.0.0.1:0"}}
 listeners:
@@ -102,6 +102,7 @@ policies:
   - {{name: half, payload_log: {{url: "{sink.url('/half')}", sample: 0.5}}}}
   - {{name: dead, payload_log: {{url: "http://127.0.0.1:{dead_port}/", timeout: 1s}}}}
   - {{name: hung, payload_log: {{url: "{hung.url('/')}", timeout: {SLOW_SINK_TIMEOUT}}}}}
+  - {{name: wide, payload_log: {{url: "{sink.url('/wide')}", max_tensor_bytes: 1MiB}}}}
   - {{name: tiny, payload_log: {{url: "{hung.url('/')}", timeout: 60s, max_queue: 2, connections: 1}}}}
 routes:
 {routes}  - {{name: relayed, match: {{model: '*', headers: {{x-log: relayed}}}}, upstream: echo, policies: [audit]}}
@@ -248,6 +249,27 @@ def test_each_answer_of_a_stream_is_a_numbered_response_event(gateway: GatewayPr
     outputs = {t["name"]: t["data"] for t in events["response"]["data"]["outputs"]}
     assert outputs["OUTPUT0"] == result.as_numpy("OUTPUT0").reshape(-1).tolist() == (a + b).reshape(-1).tolist()
     assert {e["attributes"]["protocol"] for e in events.values()} == {"v2-grpc"}
+
+
+@pytest.mark.parametrize(("datatype", "count"), [("INT32", 50_000), ("BYTES", 20_000)])
+def test_long_tensor_data_is_logged_whole(gateway: GatewayProcess, sinks: tuple[SinkProcess, SinkProcess],
+                                          datatype: str, count: int) -> None:
+    """Data longer than one writing step (16384 elements) is written in
+    steps; the event holds all of it, in order."""
+    sink, _ = sinks
+    data = (np.arange(count, dtype=np.int32) if datatype == "INT32"
+            else np.array([str(n).encode() for n in range(count)], dtype=object)).reshape(1, count)
+    request_id = f"long-{datatype}"
+    with httpclient.InferenceServerClient(gateway.url("rest")) as client:
+        item = httpclient.InferInput("INPUT0", [1, count], datatype)
+        item.set_data_from_numpy(data, binary_data=True)
+        client.infer("identity", [item], headers={"x-request-id": request_id, "x-log": "wide"})
+    events = _by_type(sink.events(request_id, 2))
+    expected = [v.decode() for v in data.reshape(-1)] if datatype == "BYTES" else data.reshape(-1).tolist()
+    [sent] = events["request"]["data"]["inputs"]
+    [answered] = events["response"]["data"]["outputs"]
+    assert sent["data"] == answered["data"] == expected
+    assert sent["shape"] == [1, count] and "parameters" not in sent
 
 
 @pytest.mark.parametrize(("mode", "kind"), [("requests", "request"), ("responses", "response")])

@@ -125,6 +125,10 @@ class EventSink:
         self._count(DROPPED, 1)
         return False
 
+    def drop(self) -> None:
+        """An event that could not be written: counted as dropped."""
+        self._count(DROPPED, 1)
+
     def offer(self, event: Event) -> None:
         """Queue ``event`` or drop it (counted); never waits, never raises."""
         if self._closed or len(self._events) >= self.max_queue \

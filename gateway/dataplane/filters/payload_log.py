@@ -18,6 +18,8 @@ of their id, so a request's two events are logged or skipped together.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 import zlib
 from dataclasses import dataclass, field
@@ -33,6 +35,8 @@ from gateway.dataplane.filters.base import STREAM, Filter, FilterCall
 from gateway.dataplane.filters.eventsink import Event, EventSink, SinkAddress, header_value
 from gateway.observability.metrics import metrics_of
 
+log = logging.getLogger(__name__)
+
 MODES = ("all", "request", "response")
 REQUEST_TYPE = "org.kubeflow.serving.inference.request"
 RESPONSE_TYPE = "org.kubeflow.serving.inference.response"
@@ -42,6 +46,15 @@ RESPONSE_TYPE_LINE = f"ce-type: {RESPONSE_TYPE}\r\n"
 OMITTED = "data_omitted"
 OMITTED_BYTES = "data_bytes"
 _JSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY
+# Tensor data longer than this is written in steps of this many elements,
+# the event loop let go between them: ~0.5 ms of FP32 each.
+STEP_ELEMENTS = 16384
+# Datatypes whose numpy data orjson writes as it is (flat, once contiguous):
+# all but BYTES (strings) and BF16 (bit patterns, written as floats).
+_PLAIN_NUMBERS = frozenset(("BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
+                            "FP16", "FP32", "FP64"))
+# An event body being written: (head, the key of its tensors, the tensors as JSON items).
+Unwritten = tuple[dict[str, Any], str, list[dict[str, Any]]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,8 +145,14 @@ class PayloadLogFilter(Filter):
 
     async def on_request(self, call: FilterCall) -> InferResponse | None:
         if self.log_requests and self._sampled(call) and self.sink.has_room():
-            self.sink.offer(Event(self._attributes(call) + REQUEST_TYPE_LINE, self._request_body(call.request),
-                                  time.time()))
+            try:
+                body = self._request_body(call.request)
+                if type(body) is not bytes:
+                    body = await write_in_steps(*body)
+            except Exception as exc:  # a value JSON cannot carry: the event is lost, never the request
+                self._unwritten(exc)
+                return None
+            self.sink.offer(Event(self._attributes(call) + REQUEST_TYPE_LINE, body, time.time()))
         return None
 
     async def on_response(self, call: FilterCall, response: InferResponse) -> InferResponse:
@@ -143,8 +162,20 @@ class PayloadLogFilter(Filter):
                 count = call.notes.get(self.stream_index, 0)
                 call.notes[self.stream_index] = count + 1
                 head += f"ce-streamindex: {count}\r\n"
-            self.sink.offer(Event(head, self._response_body(response), time.time()))
+            try:
+                body = self._response_body(response)
+                if type(body) is not bytes:
+                    body = await write_in_steps(*body)
+            except Exception as exc:
+                self._unwritten(exc)
+                return response
+            self.sink.offer(Event(head, body, time.time()))
         return response
+
+    def _unwritten(self, exc: Exception) -> None:
+        self.sink.drop()
+        log.warning("payload log %s: an event could not be written as JSON (%s); dropped", self.name,
+                    type(exc).__name__)
 
     def _sampled(self, call: FilterCall) -> bool:
         below = self.sample_below
@@ -179,46 +210,60 @@ class PayloadLogFilter(Filter):
 
     # --- V2 JSON ----------------------------------------------------------------
 
-    def _request_body(self, request: InferRequest) -> bytes:
+    def _request_body(self, request: InferRequest) -> bytes | Unwritten:
         if not request.inputs and request.raw is not None:
             return self._relayed(request.raw, {"id": request.id})
-        room = [self.options.max_event_bytes]
         head: dict[str, Any] = {"id": request.id} if request.id else {}
         if request.parameters:
             head["parameters"] = request.parameters
-        head["inputs"] = [self._tensor(tensor, room) for tensor in request.inputs]
         if request.outputs:
             head["outputs"] = [{"name": o.name, "parameters": o.parameters} if o.parameters else {"name": o.name}
                                for o in request.outputs]
-        return _dumps(head)
+        return self._with_tensors(head, "inputs", request.inputs)
 
-    def _response_body(self, response: InferResponse) -> bytes:
+    def _response_body(self, response: InferResponse) -> bytes | Unwritten:
         named = {"model_name": response.model_name, "model_version": response.model_version}
         if response.id:
             named["id"] = response.id
         if not response.outputs and response.raw is not None:
             return self._relayed(response.raw, named)
-        room = [self.options.max_event_bytes]
         head: dict[str, Any] = dict(named)
         if response.parameters:
             head["parameters"] = response.parameters
-        head["outputs"] = [self._tensor(tensor, room) for tensor in response.outputs]
+        return self._with_tensors(head, "outputs", response.outputs)
+
+    def _with_tensors(self, head: dict[str, Any], key: str, tensors: list[Tensor]) -> bytes | Unwritten:
+        """``head`` with the tensors under ``key``, written at once; or,
+        when a tensor's data is long, what :func:`write_in_steps` writes."""
+        room = [self.options.max_event_bytes, 0]
+        items = [self._tensor(tensor, room) for tensor in tensors]
+        if room[1] > STEP_ELEMENTS:
+            return head, key, items
+        head[key] = items
         return _dumps(head)
 
     def _tensor(self, tensor: Tensor, room: list[int]) -> dict[str, Any]:
-        """A tensor as V2 JSON; its data only if within the size limits
-        (``room``: what the event may still hold)."""
+        """A tensor as V2 JSON; its data only if within the size limits.
+        ``room``: the data bytes the event may still hold, and the longest
+        data so far (elements)."""
         item: dict[str, Any] = {"name": tensor.name, "datatype": tensor.datatype, "shape": list(tensor.shape)}
-        size, why = _size(tensor, self.options.max_tensor_bytes)
+        array = tensor.data
+        if tensor.datatype in _PLAIN_NUMBERS:  # the common case, without a call
+            size = array.nbytes
+            why = "max_tensor_bytes" if size > self.options.max_tensor_bytes else None
+        else:
+            size, why = _size(tensor, self.options.max_tensor_bytes)
         if why is None and size > room[0]:
             why = "max_event_bytes"
         if why is None:
             try:
-                data = array_to_json(tensor)
+                data = array.reshape(-1) if tensor.datatype in _PLAIN_NUMBERS else array_to_json(tensor)
             except GatewayError:  # BYTES that are not UTF-8: JSON cannot carry them
                 why = "not UTF-8"
             else:
                 room[0] -= size
+                if len(data) > room[1]:
+                    room[1] = len(data)
                 if tensor.parameters:
                     item["parameters"] = tensor.parameters
                 item["data"] = data
@@ -241,6 +286,26 @@ class PayloadLogFilter(Filter):
         await self.sink.close()
 
 
+async def write_in_steps(head: dict[str, Any], key: str, items: list[dict[str, Any]]) -> bytes:
+    """An event body with long tensor data, written STEP_ELEMENTS elements
+    at a time with the event loop let go between steps (orjson holds the
+    interpreter: a pool thread would not free the loop)."""
+    parts = []
+    for item in items:
+        data = item.get("data")
+        if data is None or len(data) <= STEP_ELEMENTS:
+            parts.append(_dumps(item))
+            continue
+        del item["data"]
+        steps = []
+        for start in range(0, len(data), STEP_ELEMENTS):
+            steps.append(_dumps(data[start:start + STEP_ELEMENTS])[1:-1])  # the elements, without [ ]
+            await asyncio.sleep(0)
+        parts.append(_dumps(item)[:-1] + b',"data":[' + b",".join(steps) + b"]}")
+    prefix = _dumps(head)[:-1]
+    return b"".join((prefix, b"," if len(prefix) > 1 else b"", _dumps(key), b":[", b",".join(parts), b"]}"))
+
+
 def _size(tensor: Tensor, limit: int) -> tuple[int, str | None]:
     """The tensor's data size, and why it is too big to log (None: it is not)."""
     if tensor.datatype != "BYTES":
@@ -253,8 +318,8 @@ def _size(tensor: Tensor, limit: int) -> tuple[int, str | None]:
     return size, ("max_tensor_bytes" if size > limit else None)
 
 
-def _dumps(head: dict[str, Any]) -> bytes:
-    return orjson.dumps(head, default=str, option=_JSON_OPTIONS)
+def _dumps(value: Any) -> bytes:
+    return orjson.dumps(value, default=str, option=_JSON_OPTIONS)
 
 
 def _positive_size(node: Node, key: str, default: int) -> int:
