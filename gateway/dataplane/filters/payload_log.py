@@ -63,7 +63,7 @@ class PayloadLogOptions:
     mode: str = "all"  # all | request | response
     sample: float = 1.0  # the fraction of requests logged
     max_queue: int = 10000  # events waiting for the sink; past it new ones are dropped
-    max_queue_bytes: int = 64 << 20  # their bytes, charged to the memory budget while queued
+    max_queue_bytes: int = 64 << 20  # their bytes (each event charged to the memory budget until sent)
     max_tensor_bytes: int = 64 << 10  # a tensor larger than this is logged as metadata only
     max_event_bytes: int = 1 << 20  # tensor data in one event; tensors past it as metadata only
     timeout: float = 5.0  # one event's send, connecting included
