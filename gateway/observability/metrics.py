@@ -277,6 +277,12 @@ class GatewayMetrics:
             "gateway_cache_requests", "Inference requests on routes with a response cache, by result: hit "
             "(answered from the cache), miss (sent upstream; a successful answer is stored), skip (never "
             "cached: sequences, streams, mirrored routes, requests without tensors).", ("result",), registry=r)
+        # Payload logging (gateway/dataplane/filters/payload_log.py): events by what became of them.
+        self.payload_log = Counter(
+            "gateway_payload_log", "Payload-log events (CloudEvents to a sink) by result: sent (the sink "
+            "answered 2xx), failed (refused, an error answer or no answer within the timeout), dropped (the "
+            "queue or the memory budget was full).", ("result",), registry=r)
+        self._payload_log = {result: self.payload_log.labels(result) for result in ("sent", "dropped", "failed")}
 
     # --- setup -------------------------------------------------------------
 
@@ -446,6 +452,8 @@ class GatewayMetrics:
         """The counter child of one response-cache result (created at zero);
         a cache keeps its children and counts with ``.inc()``."""
         return self.cache_requests.labels(result)
+    def record_payload_log(self, result: str, events: int) -> None:
+        self._payload_log[result].inc(events)
 
 
 # What reading the workers' metric files can raise while a worker is
