@@ -189,7 +189,7 @@ class RestInferWire:
 
     @staticmethod
     def decoded(request: InferRequest, ctx: RequestContext) -> None:
-        """The URL named the model and the headers the request."""
+        """Nothing to take: the URL named the model, the headers the request."""
 
     @staticmethod
     def refused(error: GatewayError, request: InferRequest) -> GatewayError:
