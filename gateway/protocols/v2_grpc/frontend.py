@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -25,7 +25,7 @@ from grpc_reflection.v1alpha import reflection
 from gateway.config.extensions import MODEL_CONFIGURATION, MODEL_REPOSITORY, STATISTICS
 from gateway.config.node import Node
 from gateway.core.errors import ErrorKind, GatewayError, malformed, unsupported
-from gateway.core.limits import BYTES_ELEMENT_COST, TensorBudget
+from gateway.core.limits import BYTES_ELEMENT_COST
 from gateway.core.record import (
     PASSTHROUGH_RENAMED,
     PASSTHROUGH_VERBATIM,
@@ -40,6 +40,7 @@ from gateway.core.record import (
 from gateway.core.types import InferRequest, InferResponse, RequestContext
 from gateway.protocols.base import Frontend
 from gateway.protocols.triton import shm
+from gateway.protocols.triton.pipeline import InferPipeline
 from gateway.protocols.triton.service import Extensions
 from gateway.protocols.v2_grpc import codec, extensions, passthrough
 from gateway.protocols.v2_grpc import messages as pb
@@ -51,6 +52,7 @@ from gateway.transport.cycle import RequestCycle
 
 if TYPE_CHECKING:
     from gateway.config.limits import Limits
+    from gateway.dataplane.routing import Route
 
 log = logging.getLogger(__name__)
 PROTOCOL = passthrough.PROTOCOL
@@ -184,6 +186,7 @@ class V2GrpcFrontend(Frontend):
     _tls: ServerTls | None = None
     _authenticator: Authenticator | None = None
     extensions: Extensions
+    pipeline: InferPipeline[bytes]
     # The listener's request cycle (gateway/transport/cycle.py): unary calls
     # and each request of a stream; grpc's own health service not counted.
     cycle: RequestCycle
@@ -212,6 +215,8 @@ class V2GrpcFrontend(Frontend):
         server = grpc.aio.server(options=server_options(limits.max_request_bytes, self.services.reuse_port, limits),
                                  interceptors=interceptors)
         self.extensions = Extensions(self.dataplane, self.services)
+        self.pipeline = InferPipeline(self.extensions, self.services,
+                                      GrpcInferWire(self.options.output_contents == "typed"))
         handlers = {
             name: grpc.unary_unary_rpc_method_handler(
                 self._handler(name, request_class), response_serializer=pb.method_serializer(name, response_class))
@@ -348,56 +353,21 @@ class V2GrpcFrontend(Frontend):
         metadata = await self.dataplane.model_metadata(request.name, request.version, ctx)
         return codec.encode_model_metadata(metadata)
 
-    async def _ModelInfer(self, data: bytes, ctx: RequestContext) -> bytes:
-        reservation = _RESERVATION.get()
-        infer_request, regions = await self.decode_request(data, ctx, reservation)
-        response = await self.extensions.infer(infer_request, ctx)
-        return await self.encode_reply(response, ctx, reservation, regions)
+    def _ModelInfer(self, data: bytes, ctx: RequestContext) -> Coroutine[Any, Any, bytes]:
+        return self.pipeline.infer(data, None, "", "", None, True, ctx, _RESERVATION.get())
 
-    async def decode_request(self, data: bytes, ctx: RequestContext,
-                             reservation: Reservation) -> tuple[InferRequest, shm.Plan | None]:
+    def decode_request(self, data: bytes, ctx: RequestContext, reservation: Reservation
+                       ) -> Coroutine[Any, Any, tuple[InferRequest, shm.Plan | None]]:
         """A ModelInferRequest's bytes, decoded (big ones off the loop), with
         its inputs in shared memory read and the regions of its outputs."""
-        started = time.perf_counter()
-        limits = self.services.config.limits
-        infer_request = await self.services.offload.run(len(data), codec.decode_infer_request, data,
-                                                        limits.max_tensor_elements, limits, reservation.grow)
-        # A V2 gRPC upstream may get these very bytes (see passthrough).
-        infer_request.raw = passthrough.request_payload(data, infer_request)
-        self._adopt_message_id(ctx, infer_request.id)
-        regions = None
-        if shm.named(infer_request):  # shared memory only when a tensor names a region: no await otherwise
-            try:
-                regions = await self.extensions.shm_plan(infer_request, ctx)
-                await shm.run_inputs(infer_request, regions, TensorBudget.of(limits), reservation.grow,
-                                     self.services.offload)
-            except GatewayError as error:
-                raise codec.RequestError(error, infer_request.id, infer_request.model_name,
-                                         infer_request.model_version) from None
-        ctx.record.decode_seconds = time.perf_counter() - started
-        return infer_request, regions
+        return self.pipeline.decode(data, None, "", "", True, ctx, reservation)
 
-    async def encode_reply(self, response: InferResponse, ctx: RequestContext, reservation: Reservation,
-                           regions: shm.Plan | None = None) -> bytes:
+    def encode_reply(self, response: InferResponse, ctx: RequestContext, reservation: Reservation,
+                     regions: shm.Plan | None = None) -> Coroutine[Any, Any, bytes]:
         """A serialized ModelInferResponse: the upstream's own bytes when they
         can be relayed, else encoded (big ones off the loop); outputs asked
         in shared memory are written there first."""
-        started = time.perf_counter()
-        if regions is not None:
-            await shm.run_outputs(response, regions, reservation.grow, self.services.offload)
-        typed = self.options.output_contents == "typed"
-        relayed = passthrough.reply_bytes(response, typed)
-        if relayed is None:
-            size = sum(t.data.size * BYTES_ELEMENT_COST if t.datatype == "BYTES" else t.data.nbytes
-                       for t in response.outputs)
-            reservation.grow(size)  # the message being built, charged before it is
-            reply = await self.services.offload.run(size, codec.encode_infer_response, response, typed=typed)
-        else:
-            reply, renamed = relayed
-            ctx.record.passthrough = PASSTHROUGH_RENAMED if renamed else PASSTHROUGH_VERBATIM
-            log.debug("request %s: the upstream's ModelInfer reply relayed unchanged", ctx.request_id)
-        ctx.record.encode_seconds += time.perf_counter() - started
-        return reply
+        return self.pipeline.answer(response, None, None, ctx, reservation, regions)
 
     # --- ModelStreamInfer (stream.py) ------------------------------------------------
 
@@ -471,6 +441,53 @@ class V2GrpcFrontend(Frontend):
 
     async def _CudaSharedMemoryUnregister(self, request: Any, ctx: RequestContext) -> Any:
         return pb.CudaSharedMemoryUnregisterResponse()  # none is ever registered
+
+
+class GrpcInferWire:
+    """The V2 gRPC side of an infer exchange (triton.pipeline): a message
+    carries its model, version and id; its bytes are kept for a V2 gRPC
+    upstream (see passthrough)."""
+
+    lets_go = False  # grpc holds the message until the call ends
+
+    def __init__(self, typed: bool) -> None:
+        self.typed = typed  # outputs in typed contents, not raw_output_contents (output_contents)
+
+    @staticmethod
+    def decode(body: bytes | bytearray, head_length: str | None, model: str, version: str, keep_raw: bool,
+               limits: Limits, charge: Callable[[int], None]) -> InferRequest:
+        data = bytes(body)  # a gRPC message is bytes already: the same object, no copy
+        request = codec.decode_infer_request(data, limits.max_tensor_elements, limits, charge)
+        request.raw = passthrough.request_payload(data, request)
+        return request
+
+    @staticmethod
+    def decoded(request: InferRequest, ctx: RequestContext) -> None:
+        V2GrpcFrontend._adopt_message_id(ctx, request.id)
+
+    @staticmethod
+    def refused(error: GatewayError, request: InferRequest) -> GatewayError:
+        """With the request's id, model and version (what a stream's error carries)."""
+        return codec.RequestError(error, request.id, request.model_name, request.model_version)
+
+    def relayed(self, response: InferResponse, request: InferRequest | None, route: Route | None,
+                ctx: RequestContext) -> bytes | None:
+        relayed = passthrough.reply_bytes(response, self.typed)
+        if relayed is None:
+            return None
+        reply, renamed = relayed
+        ctx.record.passthrough = PASSTHROUGH_RENAMED if renamed else PASSTHROUGH_VERBATIM
+        log.debug("request %s: the upstream's ModelInfer reply relayed unchanged", ctx.request_id)
+        return reply
+
+    @staticmethod
+    def answer_size(response: InferResponse, request: InferRequest | None, route: Route | None) -> int:
+        return sum(t.data.size * BYTES_ELEMENT_COST if t.datatype == "BYTES" else t.data.nbytes
+                   for t in response.outputs)
+
+    def encode(self, response: InferResponse, request: InferRequest | None, route: Route | None,
+               ctx: RequestContext) -> bytes:
+        return codec.encode_infer_response(response, typed=self.typed)
 
 
 def _refuse(name: str) -> Callable[[Any, RequestContext], Awaitable[Any]]:

@@ -3,21 +3,22 @@ plus Triton's extensions (v2_rest/extensions.py)."""
 
 from __future__ import annotations
 
-import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
 from gateway.config.node import Node
 from gateway.core.errors import ErrorKind, GatewayError
-from gateway.core.limits import BYTES_ELEMENT_COST, TensorBudget
+from gateway.core.limits import BYTES_ELEMENT_COST
 from gateway.core.record import PASSTHROUGH_RENAMED, REQUEST_ID_HEADER
-from gateway.core.types import Handover, InferRequest, InferResponse, RequestContext
+from gateway.core.types import InferRequest, InferResponse, RequestContext
 from gateway.dataplane.routing import Route
 from gateway.protocols.http_frontend import AiohttpRequest, HttpFrontend
-from gateway.protocols.triton import BINARY_TENSOR_DATA, shm
+from gateway.protocols.triton import BINARY_TENSOR_DATA
+from gateway.protocols.triton.pipeline import InferPipeline
 from gateway.protocols.triton.service import Extensions
 from gateway.protocols.v2_rest import codec, errors, extensions
 from gateway.protocols.v2_rest.generate import GenerateHandlers
@@ -27,12 +28,17 @@ from gateway.transport.http_server.body import accepted_coding
 from gateway.transport.http_server.exchange import Handler, HttpReply, HttpRequest, compress
 from gateway.transport.upstream import reading_reply
 
+if TYPE_CHECKING:
+    from gateway.config.limits import Limits
+
 PROTOCOL = codec.PROTOCOL
 _HEADER_LENGTH = codec.HEADER_LENGTH.lower()
 
 # Always served here; the gateway's own extensions follow server.extensions
 # (server metadata lists exactly what the listener serves).
 EXTENSIONS = [BINARY_TENSOR_DATA]
+# The answer: body parts and headers (its Content-Type among them).
+Answer = tuple[list[Any], dict[str, str]]
 
 
 def error_reply(error: GatewayError, status: int | None = None) -> HttpReply:
@@ -54,6 +60,7 @@ class RouteOptions:
 
 class V2RestFrontend(HttpFrontend):
     extensions: Extensions
+    pipeline: InferPipeline[Answer]
     probe_paths = frozenset({"/v2/health/live", "/v2/health/ready"})
     status_kinds = errors.KIND_OF_HTTP_STATUS
 
@@ -95,6 +102,7 @@ class V2RestFrontend(HttpFrontend):
     def build_app(self) -> web.Application:
         app = self.new_app([error_middleware(self.render_error, self.status_kinds)])  # V2 errors, no text pages
         self.extensions = Extensions(self.dataplane, self.services)
+        self.pipeline = InferPipeline(self.extensions, self.services, RestInferWire())
         extensions.add_routes(app.router, self)
         self.add_routes(app)
         for prefix in _MODEL_PATHS:  # a stream of events: served by aiohttp (the fast path hands it over)
@@ -142,64 +150,23 @@ class V2RestFrontend(HttpFrontend):
         # refusal of the body is counted under the model's label.
         route = self.dataplane.resolve(model, version, ctx)
         body = await request.read()
-        limits = self.services.config.limits
         header_length = request.headers.get(_HEADER_LENGTH)
         # Nesting checked and what parsing builds charged to the memory budget
         # before anything parses the JSON (a binary request's head too).
         reservation = request.reservation()
-        offload = self.services.offload
-        await admit_json(codec.split_body(body, header_length)[0], reservation, offload, limits, "the request")
-        started = time.perf_counter()
-        # Decoded even when the bytes will be forwarded: the checks (and
-        # their errors) stay the gateway's, and mirrors, splits to other
-        # protocols and the statistics need the tensors. The bytes are kept
-        # (infer_request.raw) only when they hold no duplicate JSON key: an
-        # upstream reads what the gateway checked (docs/security.md). Big
-        # bodies are decoded in the offload pool, never on the loop.
-        infer_request = await offload.run(
-            len(body), codec.decode_infer_request, body, header_length, model, version,
-            limits.max_tensor_elements, limits, keep_raw=_passthrough(route), depth_checked=True,
-            charge=reservation.grow)
-        # Shared memory only when a tensor names a region: one check, no awaits otherwise.
-        regions = None
-        if shm.named(infer_request):
-            regions = await self.extensions.shm_plan(infer_request, ctx)
-            await shm.run_inputs(infer_request, regions, TensorBudget.of(limits), reservation.grow, offload)
-        ctx.record.decode_seconds = time.perf_counter() - started
-        # From here the inputs (views of the body) and the client's bytes hold
-        # the body: an upstream client may drop them once its own message
-        # holds the tensors, so a big request is not held twice while the
-        # upstream works. Nothing below reads the inputs.
+        services = self.services
+        await admit_json(codec.split_body(body, header_length)[0], reservation, services.offload,
+                         services.config.limits, "the request")
+        # The pipeline holds the body from here, and lets go of it once an
+        # upstream client's own message holds the tensors.
+        exchange = self.pipeline.infer(body, header_length, model, version, route, _passthrough(route), ctx,
+                                       reservation)
         del body
-        infer_request.handover = Handover(lambda: _let_go(infer_request))
-        try:
-            response = await self.extensions.infer(infer_request, ctx)
-        finally:
-            infer_request.handover = None  # it refers back to the request
-        if regions is not None:
-            await shm.run_outputs(response, regions, reservation.grow, offload)
-        # Let them go (if still held) before the answer is built, so a big
-        # request and its answer do not overlap. Not in place: a mirror may
-        # still be reading the inputs.
-        infer_request.inputs = []
-        infer_request.raw = None
-        size = _answer_size(response, infer_request, route)
-        reservation.grow(size)  # what encoding builds, charged before it is built
-        started = time.perf_counter()
-        parts, headers = await offload.run(size, _answer, response, infer_request, route, ctx)
-        ctx.record.encode_seconds = time.perf_counter() - started
+        parts, headers = await exchange
         headers[REQUEST_ID_HEADER] = ctx.request_id
         reply = HttpReply(200, parts, headers.pop("Content-Type", None), headers)
         # Many HTTP clients (requests, curl --compressed) accept gzip by default.
-        return await compress(reply, accepted_coding(request.headers.get("accept-encoding", "")), offload)
-
-
-def _let_go(request: InferRequest) -> None:
-    """Drop what holds the client's body: its bytes and the decoded inputs
-    (cleared in place: the data plane's copies of the request share them;
-    an upstream client calls this only when no mirror reads them)."""
-    request.inputs.clear()
-    request.raw = None
+        return await compress(reply, accepted_coding(request.headers.get("accept-encoding", "")), services.offload)
 
 
 def _passthrough(route: Route) -> bool:
@@ -207,33 +174,77 @@ def _passthrough(route: Route) -> bool:
     return not isinstance(options, RouteOptions) or options.passthrough
 
 
-def _answer(response: InferResponse, request: InferRequest, route: Route,
-            ctx: RequestContext) -> tuple[list[Any], dict[str, str]]:
-    """The answer's body parts and headers: an upstream's own bytes when it
-    answered the client's unchanged request (with the model name the client
-    asked for when the route rewrote it), else encoded from the tensors."""
-    raw = response.raw
-    if raw is None or raw.protocol != PROTOCOL:
-        return codec.encode_infer_response_parts(response, request)
-    rewrite = route.config.rewrite
-    if rewrite.model is None and rewrite.version is None:
+class RestInferWire:
+    """The V2 REST side of an infer exchange (triton.pipeline). The request
+    keeps the client's bytes (``raw``) only when they hold no duplicate
+    JSON key: an upstream reads what the gateway checked (docs/security.md)."""
+
+    lets_go = True
+
+    @staticmethod
+    def decode(body: bytes | bytearray, head_length: str | None, model: str, version: str, keep_raw: bool,
+               limits: Limits, charge: Callable[[int], None]) -> InferRequest:
+        return codec.decode_infer_request(body, head_length, model, version, limits.max_tensor_elements, limits,
+                                          keep_raw=keep_raw, depth_checked=True, charge=charge)
+
+    @staticmethod
+    def decoded(request: InferRequest, ctx: RequestContext) -> None:
+        """Nothing to take: the URL named the model, the headers the request."""
+
+    @staticmethod
+    def refused(error: GatewayError, request: InferRequest) -> GatewayError:
+        return error
+
+    @staticmethod
+    def relayed(response: InferResponse, request: InferRequest | None, route: Route | None,
+                ctx: RequestContext) -> Answer | None:
+        """The upstream's own bytes when it answered the client's unchanged
+        request and the route renamed nothing."""
+        raw = response.raw
+        if raw is None or raw.protocol != PROTOCOL or _renames(route):
+            return None
         return [raw.body], {"Content-Type": raw.content_type, **raw.headers}
-    ctx.record.passthrough = PASSTHROUGH_RENAMED
-    with reading_reply(ctx.record.upstream):
-        return codec.renamed_response(raw.body, raw.headers.get(codec.HEADER_LENGTH), response.model_name,
-                                      response.model_version if rewrite.version is not None else None)
+
+    @staticmethod
+    def answer_size(response: InferResponse, request: InferRequest | None, route: Route | None) -> int:
+        raw = response.raw
+        if raw is not None and raw.protocol == PROTOCOL:
+            return len(raw.body)
+        # A binary number is a view of its array, JSON text of it takes at most
+        # ~3 times its size; a BYTES element becomes a Python str (JSON) or a
+        # length-prefixed copy on the way.
+        return sum(tensor.data.size * BYTES_ELEMENT_COST if tensor.datatype == "BYTES"
+                   else (tensor.data.nbytes if binary else 3 * tensor.data.nbytes)
+                   for tensor, binary in zip(response.outputs, codec.output_binary_flags(response, _asked(request)),
+                                                   strict=True))
+
+    @staticmethod
+    def encode(response: InferResponse, request: InferRequest | None, route: Route | None,
+               ctx: RequestContext) -> Answer:
+        """Encoded from the tensors, or the upstream's own bytes with the
+        model name the client asked for (the route rewrote it)."""
+        raw = response.raw
+        if raw is None or raw.protocol != PROTOCOL:
+            return codec.encode_infer_response_parts(response, _asked(request))
+        ctx.record.passthrough = PASSTHROUGH_RENAMED
+        renames_version = route is not None and route.config.rewrite.version is not None
+        with reading_reply(ctx.record.upstream):
+            return codec.renamed_response(raw.body, raw.headers.get(codec.HEADER_LENGTH), response.model_name,
+                                          response.model_version if renames_version else None)
 
 
-def _answer_size(response: InferResponse, request: InferRequest, route: Route) -> int:
-    """An upper estimate of what :func:`_answer` builds: charged to the
-    memory budget, and it chooses where the encoding runs."""
-    raw = response.raw
-    if raw is not None and raw.protocol == PROTOCOL:
-        rewrite = route.config.rewrite
-        return 0 if rewrite.model is None and rewrite.version is None else len(raw.body)
-    # A binary number is a view of its array, JSON text of it takes at most
-    # ~3 times its size; a BYTES element becomes a Python str (JSON) or a
-    # length-prefixed copy on the way.
-    return sum(tensor.data.size * BYTES_ELEMENT_COST if tensor.datatype == "BYTES"
-               else (tensor.data.nbytes if binary else 3 * tensor.data.nbytes)
-               for tensor, binary in zip(response.outputs, codec.output_binary_flags(response, request), strict=True))
+def _renames(route: Route | None) -> bool:
+    """Whether the route sent the request upstream under another model name or version."""
+    if route is None:
+        return False
+    rewrite = route.config.rewrite
+    return rewrite.model is not None or rewrite.version is not None
+
+
+# What an answer built without its request follows: every output as JSON.
+_NOTHING_ASKED = InferRequest("")
+
+
+def _asked(request: InferRequest | None) -> InferRequest:
+    """The request whose outputs the answer encodes as it asked."""
+    return request if request is not None else _NOTHING_ASKED
