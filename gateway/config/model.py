@@ -21,6 +21,7 @@ from gateway.config.extensions import DEFAULT_EXTENSIONS, GATEWAY_EXTENSIONS
 from gateway.config.node import ConfigError, EnvText, Node, expand_env, is_single_env_ref, type_scalar
 from gateway.config.policies import FilterCatalog, PolicyConfig, parse_policies, route_policies
 from gateway.config.reader import load_yaml, read_config_text
+from gateway.config.redis import RedisConfig, check_redis_users, parse_redis
 from gateway.config.tls import CLIENT_AUTH_MODES, ListenerTls, UpstreamTls, parse_listener_tls, parse_upstream_tls
 from gateway.core.modelnames import DOT_SEGMENTS
 
@@ -442,6 +443,7 @@ class GatewayConfig:
     observability: ObservabilityConfig = ObservabilityConfig()
     classification: ClassificationConfig = field(default_factory=ClassificationConfig)
     policies: tuple[PolicyConfig, ...] = ()  # named filters routes list (gateway/config/policies.py)
+    redis: RedisConfig | None = None  # the Redis server filters share (gateway/config/redis.py)
 
     def upstream(self, name: str) -> UpstreamConfig:
         return next(u for u in self.upstreams if u.name == name)
@@ -1112,6 +1114,8 @@ def parse_config(data: Any, source: str = "<string>", base_dir: Path | None = No
     _unique(upstreams_node, _names_of(upstreams_node), "upstream")
 
     policies = parse_policies(root.child("policies", None), filters)
+    redis = parse_redis(root.child("redis", None), parse_address)
+    check_redis_users(root.child("policies", None), redis, policies)
     listener_names = {x.name for x in listeners}
     upstream_names = {x.name for x in upstreams}
     routes: list[RouteConfig] = []
@@ -1135,7 +1139,7 @@ def parse_config(data: Any, source: str = "<string>", base_dir: Path | None = No
     if problems:
         raise ConfigError(_unexpanded(problems, texts))
     return GatewayConfig(tuple(listeners), tuple(upstreams), tuple(routes), admin, limits, server, source,
-                         drain, readiness, reload, observability, classification, policies)
+                         drain, readiness, reload, observability, classification, policies, redis)
 
 
 def load_config(path: str | Path | None = None, *, protocols: ProtocolCatalog,

@@ -26,6 +26,7 @@ from typing import Any
 
 from gateway.config import model as config
 from gateway.config.extensions import GATEWAY_EXTENSIONS
+from gateway.config.redis import ON_ERROR
 from gateway.config.tls import CLIENT_AUTH_MODES
 
 Json = dict[str, Any]
@@ -45,7 +46,7 @@ DURATIONS = {
     ("UpstreamConfig", "timeout"), ("RouteConfig", "timeout"),
     ("RetryPolicy", "per_try_timeout"), ("RetryPolicy", "backoff"), ("RetryPolicy", "max_backoff"),
     ("DrainConfig", "delay"), ("DrainConfig", "timeout"), ("ReloadConfig", "watch_interval"),
-    ("SequenceAffinity", "idle_timeout"),
+    ("SequenceAffinity", "idle_timeout"), ("RedisConfig", "timeout"),
     ("DnsDiscovery", "refresh"), ("DnsDiscovery", "timeout"), ("DnsDiscovery", "reconnect"),
 }
 # ... and floats that are plain numbers. Every float field is in one of the two.
@@ -63,6 +64,7 @@ CHOICES: dict[tuple[str, str], tuple[str, ...]] = {
     ("RetryPolicy", "retry_on"): config.RETRY_ON,
     ("ServerIdentity", "extensions"): GATEWAY_EXTENSIONS,
     ("DnsDiscovery", "family"): config.DNS_FAMILIES,
+    ("RedisConfig", "on_error"): ON_ERROR,
 }
 # Whole-section rules a field list cannot say.
 SECTION_RULES: dict[str, Json] = {
@@ -109,6 +111,7 @@ SPECIAL: dict[tuple[str, str], Json] = {
                                           {"type": "array", "items": {"$ref": "#/$defs/Mirror"}}]},
     ("GatewayConfig", "policies"): {"type": "array", "items": {"$ref": "#/$defs/PolicyConfig"},
                                     "description": "named filters routes list"},
+    ("RedisConfig", "address"): {"$ref": "#/$defs/Address"},
     ("ClassificationConfig", "labels"): {
         "type": "object", "description": "model -> label file, or output name -> label file",
         "additionalProperties": {"anyOf": [{"type": "string"},

@@ -273,6 +273,15 @@ class GatewayMetrics:
             PlatformCollector(registry=r)
             GCCollector(registry=r)
 
+        # Rate limits (gateway/dataplane/filters/rate_limit.py), by policy name.
+        self.rate_limited = Counter(
+            "gateway_rate_limited", "Requests a rate_limit policy refused (past its bucket).", ("policy",),
+            registry=r)
+        self.rate_limit_redis_errors = Counter(
+            "gateway_rate_limit_redis_errors", "Requests a global rate_limit policy could not check because "
+            "Redis did not answer in time, by what redis.on_error made of them.", ("policy", "decision"),
+            registry=r)
+
     # --- setup -------------------------------------------------------------
 
     def declare_upstream(self, upstream: str, endpoints: Iterable[str]) -> None:
@@ -436,6 +445,12 @@ class GatewayMetrics:
             MultiProcessCollector(registry, path=self.multiprocess_dir)
         encoder, content_type = choose_encoder(accept)
         return encoder(registry), content_type
+
+    def rate_limit_counters(self, policy: str) -> tuple[Any, Any, Any]:
+        """A rate_limit policy's series, made once (at zero) by its filter:
+        refused, and Redis errors allowed and denied."""
+        return (self.rate_limited.labels(policy), self.rate_limit_redis_errors.labels(policy, "allowed"),
+                self.rate_limit_redis_errors.labels(policy, "denied"))
 
 
 # What reading the workers' metric files can raise while a worker is

@@ -13,6 +13,7 @@ from typing import Any
 from gateway.config.node import Node
 
 FILTERS: dict[str, str] = {
+    "rate_limit": "gateway.dataplane.filters.rate_limit:RateLimitFilter",
 }
 
 
