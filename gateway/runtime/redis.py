@@ -125,6 +125,7 @@ class _Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.pending: collections.deque[asyncio.Future[Any]] = collections.deque()
         self.buffer = bytearray()
+        self.outgoing: list[bytes] = []  # commands of this loop pass, not yet written
         self.alive = False
         self.last_read = loop.time()
 
@@ -138,9 +139,17 @@ class _Connection(asyncio.Protocol):
         if not self.pending:
             self.last_read = self.loop.time()  # the wait for this reply starts now
         self.pending.append(future)
-        assert self.transport is not None
-        self.transport.write(command)
+        if self.outgoing:
+            self.outgoing.append(command)
+        else:  # written once this loop pass is over: the calls it makes share one send
+            self.outgoing = [command]
+            self.loop.call_soon(self._flush)
         return future
+
+    def _flush(self) -> None:
+        outgoing, self.outgoing = self.outgoing, []
+        if self.alive and self.transport is not None:
+            self.transport.write(outgoing[0] if len(outgoing) == 1 else b"".join(outgoing))
 
     def data_received(self, data: bytes) -> None:
         self.last_read = self.loop.time()
