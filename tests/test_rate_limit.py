@@ -152,6 +152,20 @@ def test_keys_combine_and_the_local_buckets_are_bounded(tmp_path: Path) -> None:
         wait_for(lambda: "keys dropped before their bucket was full again" in gw.log(), 10, "the eviction's log line")
 
 
+def test_local_buckets_are_charged_to_the_memory_budget(tmp_path: Path) -> None:
+    """Keys are charged 256 at a time (768 bytes each, 192 KiB): with a 256 KiB
+    budget the first 256 fit, the 257th is refused at once; known keys go on."""
+    text = config(f'[{{name: limit, rate_limit: {{requests_per_second: {SLOW}, burst: 2, '
+                  f'key: "header:x-api-key"}}}}]')
+    text += "limits: {max_request_bytes: 16KiB, max_inflight_bytes: 256KiB}\n"
+    with GatewayProcess(write_config(tmp_path, text), tmp_path / "gateway.log") as gw:
+        assert [rest(gw, f"key-{i}")[0] for i in range(256)] == [200] * 256
+        status, headers, body, _ = rest(gw, "one-too-many")
+        assert (status, headers["Retry-After"]) == (503, "1"), body
+        assert b"memory budget" in body
+        assert rest(gw, "key-0")[0] == 200  # its bucket is kept and charged: the second token
+
+
 # --- global ---------------------------------------------------------------------
 
 

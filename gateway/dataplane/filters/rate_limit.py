@@ -34,6 +34,7 @@ from gateway.config.node import Node
 from gateway.core.errors import ErrorKind, GatewayError
 from gateway.core.types import InferResponse
 from gateway.dataplane.filters.base import Filter, FilterCall
+from gateway.runtime.budget import Reservation
 from gateway.runtime.redis import RedisScript, RedisUnavailable
 
 log = logging.getLogger(__name__)
@@ -45,6 +46,11 @@ DEFAULT_MAX_KEYS = 10_000
 # key's memory stays bounded, whatever the client sends.
 MAX_KEY_CHARS = 128
 KEY_SEPARATOR = "\x1f"
+# What one local bucket may take (CPython, rounded up): its key's text (at
+# most MAX_KEY_CHARS characters of up to 4 bytes each) and str header, the
+# float, the dict slot.
+BYTES_PER_KEY = 768
+CHARGE_KEYS = 256  # local buckets are charged to the memory budget this many at a time
 REDIS_KEY_PREFIX = "gateway:rate_limit:"
 # At most one log line per policy this often about Redis errors (with a count).
 LOG_EVERY_SECONDS = 10.0
@@ -147,6 +153,8 @@ class RateLimitFilter(Filter):
         self.key_of = key_function(options.key)
         self.limited, self.redis_allowed, self.redis_denied = services.metrics.rate_limit_counters(name)
         self.tats: dict[str, float] = {}  # local: key -> when its bucket is full again (monotonic)
+        self._held: list[Reservation] = []  # local: what the buckets may take, charged as they grow
+        self._charged_keys = 0
         self.evicted = 0  # local: keys dropped while their bucket was not full
         self.redis = services.redis.client(services.config.redis) if options.uses_redis else None
         self._redis_errors = 0  # since the last log line about them
@@ -194,15 +202,35 @@ class RateLimitFilter(Filter):
         key = self._bucket_key(call)
         now = time.monotonic()
         tats = self.tats
-        tat = tats.pop(key, now)  # popped and put back: the dict's order is least recently admitted first
+        tat = tats.pop(key, None)  # popped and put back: the dict's order is least recently admitted first
+        if tat is None:  # a new key: a full bucket, and room for it
+            tat = now
+            if len(tats) >= self.options.max_keys:
+                self._evict(now)
+            if len(tats) >= self._charged_keys:
+                self._charge_keys()
         later = (tat if tat > now else now) + self.interval
         wait = later - now - self.tolerance
         if wait > 0:
             tats[key] = tat
             raise self._refuse(wait)
-        if len(tats) >= self.options.max_keys:
-            self._evict(now)
         tats[key] = later
+
+    def _charge_keys(self) -> None:
+        """Room for CHARGE_KEYS more keys, charged to the worker's memory
+        budget (held until the filter closes: a dict does not shrink either);
+        past the budget the request is refused at once (Saturated)."""
+        more = min(CHARGE_KEYS, self.options.max_keys - self._charged_keys)
+        held = self.services.budget.reserve()
+        held.grow(more * BYTES_PER_KEY)
+        self._held.append(held)
+        self._charged_keys += more
+
+    async def close(self) -> None:
+        self.tats.clear()
+        for held in self._held:
+            held.release()
+        self._held.clear()
 
     def _evict(self, now: float) -> None:
         """Room for new keys: the least recently admitted eighth goes (first
