@@ -198,6 +198,32 @@ def test_two_gateways_share_one_global_bucket(redis: RedisServer, tmp_path: Path
             assert metric_value(scrape_metrics(gw), "gateway_rate_limit_redis_errors_total") == 0
 
 
+def test_two_gateways_refill_one_global_bucket_at_its_rate(redis: RedisServer, tmp_path: Path) -> None:
+    """Over ~3 s of steady pressure from both gateways, together they admit
+    what one bucket allows: its burst plus the rate times the time taken (±10%)."""
+    text = config('[{name: limit, rate_limit: {requests_per_second: 20, burst: 10, key: "header:x-api-key", '
+                  'scope: global}}]', f'redis: {{address: "{redis.address}", timeout: 5s}}')
+    with GatewayProcess(write_config(tmp_path, text, "a.yaml"), tmp_path / "a.log") as a, \
+            GatewayProcess(write_config(tmp_path, text, "b.yaml"), tmp_path / "b.log") as b:
+        assert rest(a, "warm")[0] == rest(b, "warm")[0] == 200
+        started = time.monotonic()
+
+        def press(gw: GatewayProcess) -> list[int]:
+            statuses = []
+            while time.monotonic() - started < 3.0:
+                statuses.append(rest(gw, "steady")[0])
+            return statuses
+
+        with ThreadPoolExecutor(8) as pool:
+            runs = list(pool.map(press, [a, b] * 4))
+        elapsed = time.monotonic() - started
+    statuses = [s for run in runs for s in run]
+    assert set(statuses) == {200, 429}
+    expected = 10 + 20 * elapsed
+    assert abs(statuses.count(200) - expected) <= 0.1 * expected, (statuses.count(200), expected)
+    assert all(run.count(200) > 0 for run in runs[:2])  # both gateways admitted some
+
+
 def test_redis_down_or_hung_costs_no_more_than_the_timeout(redis: RedisServer, tmp_path: Path) -> None:
     with GatewayProcess(write_config(tmp_path, _global(redis.address, burst_size=2)), tmp_path / "gw.log") as gw:
         fresh = iter(range(1000))
