@@ -298,7 +298,9 @@ def test_options_parse() -> None:
 
 
 @pytest.mark.parametrize(("policy", "redis", "problem"), [
-    ("{requests_per_second: 0}", "", "policies[0].rate_limit.requests_per_second: must be more than 0"),
+    ("{requests_per_second: 0}", "", "policies[0].rate_limit.requests_per_second: must be from 1e-06 to 1e+09"),
+    ("{requests_per_second: .inf}", "", "policies[0].rate_limit.requests_per_second: must be from"),
+    ("{requests_per_second: 1, burst: 2000000000}", "", "policies[0].rate_limit.burst: must be at most"),
     ("{burst: 4}", "", "policies[0].rate_limit.requests_per_second: is required"),
     ("{requests_per_second: 1, burst: 0}", "", "policies[0].rate_limit.burst: must be at least 1"),
     ("{requests_per_second: 1, key: user}", "", "policies[0].rate_limit.key: must be client_ip, model"),

@@ -42,6 +42,10 @@ log = logging.getLogger(__name__)
 SCOPES = ("local", "global")
 KEY_SOURCES = ("client_ip", "model", "route", "listener")  # and header:<name>
 DEFAULT_MAX_KEYS = 10_000
+# Bounds that keep the bucket's arithmetic finite and exact enough in
+# floating point: at most a million seconds between tokens, and bursts.
+MIN_RATE, MAX_RATE = 1e-6, 1e9
+MAX_BURST = 10**9
 # A key longer than this (a long header value) is kept as its digest: each
 # key's memory stays bounded, whatever the client sends.
 MAX_KEY_CHARS = 128
@@ -168,15 +172,18 @@ class RateLimitFilter(Filter):
             node.error("must be a mapping: {requests_per_second: N, burst: N, key: ..., scope: local|global}")
             return None
         rate = node.get("requests_per_second", (int, float))
-        if isinstance(rate, (int, float)) and not rate > 0:
-            node.error(f"must be more than 0, got {rate}", "requests_per_second")
-        default_burst = max(1, math.ceil(rate)) if isinstance(rate, (int, float)) and rate > 0 else 1
+        if isinstance(rate, (int, float)) and not MIN_RATE <= rate <= MAX_RATE:
+            node.error(f"must be from {MIN_RATE:g} to {MAX_RATE:g}, got {rate}", "requests_per_second")
+            rate = None
+        default_burst = max(1, math.ceil(rate)) if isinstance(rate, (int, float)) else 1
         burst = node.integer("burst", default_burst, minimum=1)
+        if isinstance(burst, int) and burst > MAX_BURST:
+            node.error(f"must be at most {MAX_BURST}, got {burst}", "burst")
         key = _parse_key(node.child("key", None))
         scope = node.choice("scope", SCOPES, "local")
         max_keys = node.integer("max_keys", DEFAULT_MAX_KEYS, minimum=1)
         node.check_no_unknown_keys()
-        if not isinstance(rate, (int, float)) or not rate > 0 or not isinstance(burst, int) or burst < 1 \
+        if not isinstance(rate, (int, float)) or not isinstance(burst, int) or not 1 <= burst <= MAX_BURST \
                 or not isinstance(max_keys, int) or max_keys < 1:
             return None
         return RateLimitOptions(float(rate), burst, key, scope, max_keys)
