@@ -61,10 +61,11 @@ async def test_a_script_is_loaded_once_and_again_when_redis_forgot_it(redis: Red
         await client.close()
 
 
-async def test_nothing_listening_fails_at_once_with_the_one_error_type() -> None:
-    client = RedisClient(RedisConfig(f"127.0.0.1:{free_port()}", timeout=5.0))
+@pytest.mark.parametrize("address", ["127.0.0.1:{free}", "no-such-host.invalid:6379"])
+async def test_nothing_there_fails_in_time_with_the_one_error_type(address: str) -> None:
+    client = RedisClient(RedisConfig(address.format(free=free_port()), timeout=0.5))
     try:
-        for _ in range(3):  # refused, then refused again at once during the backoff
+        for _ in range(3):  # refused (or not resolved), then again at once during the backoff
             with pytest.raises(RedisUnavailable):
                 await asyncio.wait_for(client.call("PING"), 2.0)
     finally:

@@ -226,11 +226,13 @@ class RedisClient:
 
     async def _send(self, command: bytes) -> Any:
         loop = asyncio.get_running_loop()
-        connection = self._connection
+        connection, wait = self._connection, self.timeout
         if connection is None or not connection.alive:
+            started = loop.time()
             connection = await self._connect(loop)
+            wait -= loop.time() - started  # connecting and the call share the one timeout
         future = connection.send(command)
-        expiry = loop.call_later(self.timeout, _expire, future, self.timeout)
+        expiry = loop.call_later(wait, _expire, future, self.timeout)
         try:
             return await future
         except RedisUnavailable:
@@ -264,7 +266,7 @@ class RedisClient:
             _, connection = await asyncio.wait_for(
                 loop.create_connection(lambda: _Connection(loop), host, port),
                 max(self.timeout, MIN_CONNECT_SECONDS))
-        except (TimeoutError, OSError) as exc:
+        except Exception as exc:  # refused, unreachable, timed out, a name that does not resolve
             log.warning("cannot connect to Redis at %s (%s); next attempt in %g s", self.config.address,
                         exc or type(exc).__name__, self._backoff)
             self._retry_at = loop.time() + self._backoff
