@@ -23,6 +23,7 @@ from tritonclient.utils import InferenceServerException
 
 from gateway.app.configure import parse_config
 from gateway.config.node import ConfigError
+from peers.echo_gateway import admin_call
 from peers.redis_server import RedisServer
 from support import (
     SIMPLE_INFER_REQUEST,
@@ -164,6 +165,22 @@ def test_local_buckets_are_charged_to_the_memory_budget(tmp_path: Path) -> None:
         assert (status, headers["Retry-After"]) == (503, "1"), body
         assert b"memory budget" in body
         assert rest(gw, "key-0")[0] == 200  # its bucket is kept and charged: the second token
+
+
+def test_a_reload_keeps_a_policys_buckets_while_its_options_stay(tmp_path: Path) -> None:
+    policy = '[{name: limit, rate_limit: {requests_per_second: 0.001, burst: BURST, key: "header:x-api-key"}}]'
+    path = write_config(tmp_path, config(policy.replace("BURST", "2")))
+    with GatewayProcess(path, tmp_path / "gateway.log") as gw:
+        assert [rest(gw, "k")[0] for _ in range(3)] == [200, 200, 429]
+        path.write_text(config(policy.replace("BURST", "2")) + "drain: {delay: 1s}\n")  # the policy unchanged
+        assert admin_call(gw, "/reload", "POST")[0] == 200
+        assert rest(gw, "k")[0] == 429  # the same buckets
+        path.write_text(config(policy.replace("BURST", "3")))  # a new policy: new buckets
+        assert admin_call(gw, "/reload", "POST")[0] == 200
+        assert [rest(gw, "k")[0] for _ in range(4)] == [200, 200, 200, 429]
+        path.write_text(config(policy.replace("BURST", "3"), 'redis: {address: "127.0.0.1:6379"}'))
+        status, body = admin_call(gw, "/reload", "POST")
+        assert status == 400 and body["problems"][0].startswith("redis: changed, which needs a restart")
 
 
 # --- global ---------------------------------------------------------------------
