@@ -40,7 +40,7 @@ from gateway.runtime.tls import server_ssl_context
 log = logging.getLogger(__name__)
 
 # Sections a reload cannot change: they are bound sockets and their limits.
-RESTART_SECTIONS = ("listeners", "admin", "limits", "server")
+RESTART_SECTIONS = ("listeners", "admin", "limits", "server", "redis")
 
 
 def build_metrics(config: GatewayConfig, version: str, registry: CollectorRegistry | None = None,
@@ -171,6 +171,7 @@ class Gateway:
             await self._admin.cleanup()
             self._admin = None
         await self.dataplane.close()
+        await self.services.redis.close()
         await self._loop_lag.stop()
         self.services.access_log.close()  # bounded: a stuck sink never holds up the exit
         self.services.offload.close()

@@ -22,6 +22,7 @@ from gateway.config.node import ConfigError, Node
 from gateway.config.observability import ObservabilityConfig, parse_observability
 from gateway.config.policies import FilterCatalog, PolicyConfig, parse_policies
 from gateway.config.reader import load_yaml, read_config_text
+from gateway.config.redis import RedisConfig, check_redis_users, parse_redis
 from gateway.config.routes import RouteConfig, parse_routes
 from gateway.config.server import (
     AdminConfig,
@@ -55,6 +56,7 @@ class GatewayConfig:
     observability: ObservabilityConfig = ObservabilityConfig()
     classification: ClassificationConfig = field(default_factory=ClassificationConfig)
     policies: tuple[PolicyConfig, ...] = ()  # named filters routes list (gateway/config/policies.py)
+    redis: RedisConfig | None = None  # the Redis server filters share (gateway/config/redis.py)
 
     def upstream(self, name: str) -> UpstreamConfig:
         return next(u for u in self.upstreams if u.name == name)
@@ -111,6 +113,8 @@ def parse_config(data: Any, source: str = "<string>", base_dir: Path | None = No
     _unique(upstreams_node, _names_of(upstreams_node), "upstream")
 
     policies = parse_policies(root.child("policies", None), filters)
+    redis = parse_redis(root.child("redis", None))
+    check_redis_users(root.child("policies", None), redis, policies)
     routes_node = root.child("routes")
     routes = parse_routes(routes_node, {x.name for x in listeners}, upstreams, base_dir, protocols,
                           {p.name for p in policies})
@@ -127,7 +131,7 @@ def parse_config(data: Any, source: str = "<string>", base_dir: Path | None = No
     if problems:
         raise ConfigError(shown_as_written(problems, texts))
     return GatewayConfig(tuple(listeners), tuple(upstreams), tuple(routes), admin, limits, server, source,
-                         drain, readiness, reload, observability, classification, policies)
+                         drain, readiness, reload, observability, classification, policies, redis)
 
 
 def load_config(path: str | Path | None = None, *, protocols: ProtocolCatalog,

@@ -24,19 +24,20 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from gateway.config import address, limits, listeners, model, observability, policies, routes, server, upstreams
+from gateway.config import address, limits, listeners, model, observability, policies, redis, routes, server, upstreams
 from gateway.config.address import Address
 from gateway.config.catalog import ProtocolCatalog
 from gateway.config.extensions import GATEWAY_EXTENSIONS
 from gateway.config.model import GatewayConfig
 from gateway.config.policies import FilterCatalog
+from gateway.config.redis import ON_ERROR
 from gateway.config.routes import RETRY_ON, StringMatch
 from gateway.config.server import READINESS_MODES
 from gateway.config.tls import CLIENT_AUTH_MODES
 from gateway.config.upstreams import DNS_FAMILIES, LOAD_BALANCING_POLICIES
 
 # The modules of the config model: the document and its sections.
-MODEL_MODULES = (model, address, limits, listeners, upstreams, routes, server, observability, policies)
+MODEL_MODULES = (model, address, limits, listeners, upstreams, routes, server, observability, policies, redis)
 
 Json = dict[str, Any]
 
@@ -55,7 +56,7 @@ DURATIONS = {
     ("UpstreamConfig", "timeout"), ("RouteConfig", "timeout"),
     ("RetryPolicy", "per_try_timeout"), ("RetryPolicy", "backoff"), ("RetryPolicy", "max_backoff"),
     ("DrainConfig", "delay"), ("DrainConfig", "timeout"), ("ReloadConfig", "watch_interval"),
-    ("SequenceAffinity", "idle_timeout"),
+    ("SequenceAffinity", "idle_timeout"), ("RedisConfig", "timeout"),
     ("DnsDiscovery", "refresh"), ("DnsDiscovery", "timeout"), ("DnsDiscovery", "reconnect"),
 }
 # ... and floats that are plain numbers. Every float field is in one of the two.
@@ -73,6 +74,7 @@ CHOICES: dict[tuple[str, str], tuple[str, ...]] = {
     ("RetryPolicy", "retry_on"): RETRY_ON,
     ("ServerIdentity", "extensions"): GATEWAY_EXTENSIONS,
     ("DnsDiscovery", "family"): DNS_FAMILIES,
+    ("RedisConfig", "on_error"): ON_ERROR,
 }
 # Whole-section rules a field list cannot say.
 SECTION_RULES: dict[str, Json] = {
@@ -119,6 +121,7 @@ SPECIAL: dict[tuple[str, str], Json] = {
                                           {"type": "array", "items": {"$ref": "#/$defs/Mirror"}}]},
     ("GatewayConfig", "policies"): {"type": "array", "items": {"$ref": "#/$defs/PolicyConfig"},
                                     "description": "named filters routes list"},
+    ("RedisConfig", "address"): {"$ref": "#/$defs/Address"},
     ("ClassificationConfig", "labels"): {
         "type": "object", "description": "model -> label file, or output name -> label file",
         "additionalProperties": {"anyOf": [{"type": "string"},

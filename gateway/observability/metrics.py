@@ -284,6 +284,15 @@ class GatewayMetrics:
             "queue or the memory budget was full).", ("result",), registry=r)
         self._payload_log = {result: self.payload_log.labels(result) for result in ("sent", "dropped", "failed")}
 
+        # Rate limits (gateway/dataplane/filters/rate_limit.py), by policy name.
+        self.rate_limited = Counter(
+            "gateway_rate_limited", "Requests a rate_limit policy refused (past its bucket).", ("policy",),
+            registry=r)
+        self.rate_limit_redis_errors = Counter(
+            "gateway_rate_limit_redis_errors", "Requests a global rate_limit policy could not check because "
+            "Redis did not answer in time, by what redis.on_error made of them.", ("policy", "decision"),
+            registry=r)
+
     # --- setup -------------------------------------------------------------
 
     def declare_upstream(self, upstream: str, endpoints: Iterable[str]) -> None:
@@ -454,6 +463,11 @@ class GatewayMetrics:
         return self.cache_requests.labels(result)
     def record_payload_log(self, result: str, events: int) -> None:
         self._payload_log[result].inc(events)
+    def rate_limit_counters(self, policy: str) -> tuple[Any, Any, Any]:
+        """A rate_limit policy's series, made once (at zero) by its filter:
+        refused, and Redis errors allowed and denied."""
+        return (self.rate_limited.labels(policy), self.rate_limit_redis_errors.labels(policy, "allowed"),
+                self.rate_limit_redis_errors.labels(policy, "denied"))
 
 
 # What reading the workers' metric files can raise while a worker is

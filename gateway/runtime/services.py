@@ -16,6 +16,7 @@ from gateway.observability.statistics import StatisticsStore
 from gateway.observability.tracing import Tracing
 from gateway.runtime.budget import InflightBudget
 from gateway.runtime.offload import Offloader
+from gateway.runtime.redis import RedisClients
 
 
 @dataclass(frozen=True)
@@ -37,3 +38,5 @@ class GatewayServices:
     # Bytes in flight (limits.max_inflight_bytes) and the pool for body-sized work.
     budget: InflightBudget = field(default_factory=lambda: InflightBudget(1 << 62))
     offload: Offloader = field(default_factory=Offloader)
+    # The Redis client filters share (the `redis:` section), made on first use.
+    redis: RedisClients = field(default_factory=RedisClients)

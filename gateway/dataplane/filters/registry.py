@@ -15,6 +15,7 @@ from gateway.config.node import Node
 FILTERS: dict[str, str] = {
     "response_cache": "gateway.dataplane.filters.response_cache:ResponseCache",
     "payload_log": "gateway.dataplane.filters.payload_log:PayloadLogFilter",
+    "rate_limit": "gateway.dataplane.filters.rate_limit:RateLimitFilter",
 }
 
 
