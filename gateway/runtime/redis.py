@@ -2,7 +2,7 @@
 
 Our own small RESP2 client over one asyncio connection rather than
 redis-py's: a filter makes one call per request, and what that call costs
-on the loop is the point (docs/traffic-policy-rate_limit.md measures both).
+on the loop is the point (docs/traffic-policy.md, "Rate limits", measures both).
 One connection per worker, pipelined: calls are written as they come and
 their replies, which Redis sends in order, settle the waiting futures in
 order; no pool, no lock, no task per call.
