@@ -184,3 +184,24 @@ def test_a_registered_filter_is_a_known_kind(monkeypatch: pytest.MonkeyPatch, tm
         parse_config(_config("[{name: a, stamp: {mark: 3}}, {name: a, stamp: {}}]", "[a, a]"))
     assert "policies[1].name: a policy named 'a' is defined twice" in error.value.problems
     assert "routes[0].policies[1]: policy 'a' is listed twice" in error.value.problems
+
+
+def test_grpc_refusal_carries_the_retry_pushback(gateway: GatewayProcess) -> None:
+    """A refusal that says when to retry tells a gRPC client too: the
+    server pushback of gRPC's retry design (grpc-retry-pushback-ms)."""
+    import grpc
+    from tritonclient.grpc import service_pb2
+
+    request = service_pb2.ModelInferRequest(model_name="simple")
+    request.parameters["stamp_refuse"].bool_param = True
+    for name in ("INPUT0", "INPUT1"):
+        tensor = request.inputs.add(name=name, datatype="INT32", shape=[1, 16])
+        tensor.contents.int_contents.extend(range(16))
+    with grpc.insecure_channel(gateway.url("grpc")) as channel:
+        infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer",
+                                    request_serializer=service_pb2.ModelInferRequest.SerializeToString,
+                                    response_deserializer=service_pb2.ModelInferResponse.FromString)
+        with pytest.raises(grpc.RpcError) as refused:
+            infer(request, timeout=10)
+    assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert dict(refused.value.trailing_metadata())["grpc-retry-pushback-ms"] == "7000"

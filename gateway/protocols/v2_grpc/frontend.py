@@ -138,10 +138,17 @@ def _metadata_of(pairs: Any) -> dict[str, str]:
 
 @dataclass(frozen=True, slots=True)
 class GrpcRefusal:
-    """A refused or failed call: the status it ends with."""
+    """A refused or failed call: the status it ends with, and when the
+    client may retry (seconds; None: not said)."""
 
     code: grpc.StatusCode
     message: str
+    retry_after: int | None = None
+
+
+# gRPC's server pushback (gRFC A6): a client whose retry policy allows it
+# waits this many milliseconds before retrying; HTTP says it as Retry-After.
+RETRY_PUSHBACK_KEY = "grpc-retry-pushback-ms"
 
 
 class _GrpcForm:
@@ -149,7 +156,7 @@ class _GrpcForm:
 
     @staticmethod
     def refusal(error: GatewayError, status: int | None) -> GrpcRefusal:
-        return GrpcRefusal(*codec.encode_error(error))
+        return GrpcRefusal(*codec.encode_error(error), getattr(error, "retry_after", None))
 
 
 GRPC_FORM = _GrpcForm()
@@ -295,6 +302,9 @@ class V2GrpcFrontend(Frontend):
             if type(answer) is GrpcRefusal:
                 record.status = answer.code.name
                 cycle.finish(ctx)
+                if answer.retry_after is not None:
+                    context.set_trailing_metadata((*ctx.upstream_headers().items(),
+                                                   (RETRY_PUSHBACK_KEY, str(answer.retry_after * 1000))))
                 await context.abort(answer.code, answer.message)
             record.status = grpc.StatusCode.OK.name
             record.response_bytes = len(answer) if isinstance(answer, bytes) else answer.ByteSize()
