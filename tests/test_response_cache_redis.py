@@ -3,9 +3,10 @@ and a real redis-server: an answer one gateway got is a hit on the other
 (the upstream called once in all), in whatever protocol each client speaks;
 other inputs are a miss; entries expire after ttl (Redis's PX); a value in
 Redis that is no entry for its key (corrupt, copied from another key, not
-a string) is a miss answered correctly, counted; Redis stopped leaves every
-request answered (misses), counted and logged; an answer larger than
-max_bytes is never stored."""
+a string) is a miss answered correctly, counted; Redis hung or stopped
+leaves every request answered (misses), counted and logged; an answer
+larger than max_bytes is never stored; and the backend alone gives back
+every byte it charged to the memory budget, a cancelled store too."""
 
 from __future__ import annotations
 
@@ -254,6 +255,17 @@ def test_redis_stopped_leaves_every_request_answered(tmp_path: Path) -> None:
         check(ask(gw, "rest", a), a)
         assert counts.delta() == [(0, 1, 0, 0, 0)]  # a hit: Redis is in use
 
+        server.pause()  # connected, never answering: each look-up waits redis.timeout, then a miss
+        try:
+            counts = Counts(gw)
+            for _ in range(3):
+                started = time.monotonic()
+                check(ask(gw, "grpc", a), a)
+                assert time.monotonic() - started < 1.0
+            assert counts.delta() == [(3, 0, 3, 3, 0)]
+        finally:
+            server.resume()
+
         server.stop()
         counts = Counts(gw)
         for kind in ("rest", "grpc"):
@@ -293,3 +305,85 @@ def test_the_redis_backend_takes_one_entrys_bound() -> None:
     options = parse_yaml_config(_policy_config("{backend: redis}", 'redis: {address: "127.0.0.1:6390"}')
                                 ).policies[0].options
     assert (options.backend, options.max_bytes, options.uses_redis) == ("redis", 1 << 20, True)
+
+
+# --- the backend alone, against the real redis-server: its memory charges ----------------------
+
+
+class _Count:
+    def __init__(self) -> None:
+        self.value = 0
+
+    def inc(self, amount: float = 1) -> None:
+        self.value += int(amount)
+
+
+def _backend(server: RedisServer, budget_bytes: int, clients: list[Any]) -> tuple[Any, Any, Any]:
+    from gateway.config.redis import RedisConfig
+    from gateway.dataplane.filters.cache_redis import RedisBackend
+    from gateway.runtime.budget import InflightBudget
+    from gateway.runtime.offload import Offloader
+    from gateway.runtime.redis import RedisClient
+
+    budget = InflightBudget(budget_bytes)
+    client = RedisClient(RedisConfig(server.address, 5.0))
+    clients.append(client)
+    errors = (_Count(), _Count())
+    return RedisBackend("unit", 60.0, 1 << 20, client, budget, Offloader(), errors), budget, errors
+
+
+def _answer(values: np.ndarray) -> Any:
+    from gateway.core.types import InferResponse, Tensor
+
+    return InferResponse("simple", "1", "x", [Tensor.from_numpy("OUTPUT0", values)])
+
+
+def test_the_backend_charges_what_it_holds_and_gives_it_all_back(redis: RedisServer) -> None:
+    import asyncio
+
+    async def run() -> None:
+        clients: list[Any] = []
+        try:
+            await check_charges(clients)
+        finally:
+            for client in clients:
+                await client.close()
+
+    async def check_charges(clients: list[Any]) -> None:
+        backend, budget, errors = _backend(redis, 1 << 20, clients)
+        key = uuid_key()
+        assert await backend.put(key, _answer(np.arange(1000, dtype=np.int64)))
+        assert budget.used == 0
+        kept = await backend.get(key)
+        assert kept is not None and budget.used == 0
+        np.testing.assert_array_equal(kept[3][0][3], np.arange(1000))
+        # Too big for the budget: a miss, and not stored; nothing held after.
+        small, small_budget, _ = _backend(redis, 4096, clients)
+        assert await small.get(key) is None and small_budget.used == 0
+        other = uuid_key()
+        assert not await small.put(other, _answer(np.arange(1000, dtype=np.int64)))
+        assert small_budget.used == 0 and await backend.get(other) is None
+        # A store cancelled while Redis does not answer gives back its charge.
+        redis.pause()
+        try:
+            task = asyncio.ensure_future(backend.put(uuid_key(), _answer(np.arange(10, dtype=np.int64))))
+            for _ in range(200):
+                if budget.used:
+                    break
+                await asyncio.sleep(0.01)
+            assert budget.used > 0
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert budget.used == 0
+        finally:
+            redis.resume()
+        assert errors[0].value == errors[1].value == 0
+
+    asyncio.run(run())
+
+
+def uuid_key() -> bytes:
+    import os
+
+    return os.urandom(16)
