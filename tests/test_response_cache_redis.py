@@ -46,9 +46,11 @@ policies:
   - {{name: shared, response_cache: {{ttl: 60s, backend: redis}}}}
   - {{name: short, response_cache: {{ttl: {SHORT_TTL}, backend: redis}}}}
   - {{name: tiny, response_cache: {{max_bytes: 64, backend: redis}}}}
+  - {{name: big, response_cache: {{max_bytes: 8MiB, backend: redis}}}}
 routes:
   - {{name: short, match: {{model: simple, headers: {{x-cache: short}}}}, upstream: local, policies: [short]}}
   - {{name: tiny, match: {{model: simple, headers: {{x-cache: tiny}}}}, upstream: local, policies: [tiny]}}
+  - {{name: big, match: {{model: identity, headers: {{x-cache: big}}}}, upstream: local, policies: [big]}}
   - {{name: cached, match: {{model: "*"}}, upstream: local, policies: [shared]}}
 """
 
@@ -239,6 +241,27 @@ def test_an_answer_larger_than_max_bytes_is_never_stored(redis: RedisServer,
         check(ask(a_gw, "rest", a, {"x-cache": "tiny"}), a)
     assert counts.delta() == [(2, 0, 2, 0, 0)]
     assert cache_keys(redis, "tiny") == []
+
+
+@pytest.mark.parametrize("datatype", ["FP32", "BYTES"])
+def test_a_big_answer_is_shared_whole(gateways: tuple[GatewayProcess, ...], datatype: str) -> None:
+    """4 MiB (FP32) and 65,536 BYTES elements: checked, decoded and built off the loop."""
+    a_gw, b_gw = gateways
+    rng = np.random.default_rng(next(_values))
+    if datatype == "FP32":
+        data = rng.random((1, 1 << 20), dtype=np.float32)
+    else:
+        data = np.array([b"%d-%d" % (i, rng.integers(1 << 30)) for i in range(1 << 16)], dtype=object)
+    counts = Counts(a_gw, b_gw)
+    answers = []
+    for gw in gateways:
+        item = grpcclient.InferInput("INPUT0", list(data.shape), datatype)
+        item.set_data_from_numpy(data)
+        with grpcclient.InferenceServerClient(gw.url("grpc")) as client:
+            answers.append(client.infer("identity", [item], headers={"x-cache": "big"}).as_numpy("OUTPUT0"))
+    assert [d[:3] for d in counts.delta()] == [(1, 0, 1), (0, 1, 0)]
+    for answer in answers:
+        np.testing.assert_array_equal(answer, data)
 
 
 def test_redis_stopped_leaves_every_request_answered(tmp_path: Path) -> None:
