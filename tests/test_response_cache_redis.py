@@ -410,3 +410,20 @@ def uuid_key() -> bytes:
     import os
 
     return os.urandom(16)
+
+
+@pytest.mark.parametrize("data", [np.array(["text", "not bytes"], dtype=object), np.array([1, 2])])
+def test_an_answer_the_entry_cannot_carry_is_not_stored(data: np.ndarray) -> None:
+    """BYTES data that is no bytes: answered all the same, never stored (no Redis call is made)."""
+    import asyncio
+
+    from gateway.core.types import InferResponse, Tensor
+    from gateway.dataplane.filters.cache_redis import RedisBackend
+    from gateway.runtime.budget import InflightBudget
+    from gateway.runtime.offload import Offloader
+
+    budget = InflightBudget(1 << 20)
+    backend = RedisBackend("unit", 60.0, 1 << 20, None, budget, Offloader(), (_Count(), _Count()))  # type: ignore[arg-type]
+    response = InferResponse("m", "", "", [Tensor("x", "BYTES", (2,), data)])
+    assert asyncio.run(backend.put(bytes(16), response)) is False
+    assert budget.used == 0

@@ -98,17 +98,17 @@ class RedisBackend:
         return 0.0, len(value), model_version, tensors, parameters
 
     async def put(self, key: bytes, response: InferResponse) -> bool:
-        size = await self._offload.run(rough_size(response.outputs), entry_size, response)
-        if size > self.max_bytes:
-            return False
         held = self._budget.reserve()
         try:
+            size = await self._offload.run(rough_size(response.outputs), entry_size, response)
+            if size > self.max_bytes:
+                return False
             held.grow(2 * size)  # the entry, then the command framing it
             command = await self._offload.run(size, self._command, key, response)
             await self._client.call_encoded(command)
         except GatewayError:  # the memory budget has no room for it now: answered, not kept
             return False
-        except ValueError:  # parameters JSON cannot carry: answered, not kept
+        except (ValueError, TypeError):  # what the entry cannot carry (JSON, BYTES that are no bytes): not kept
             return False
         except RedisUnavailable as error:  # an error reply too: OOM under maxmemory with noeviction
             self._failed(self._unavailable, "could not store an answer in Redis", error)
