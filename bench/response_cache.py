@@ -10,9 +10,12 @@ routes that differ only in their policy:
 
 and, for latency, ``through``: no policy, to a second gateway process over
 V2 REST (an upstream that answers over the network, as a model server does).
-Rounds take turns so the shared machine's noise falls on every row alike.
+With ``--redis``, two more rows with the same cache on ``backend: redis``
+(a redis-server of its own on 127.0.0.1; its CPU per request printed apart):
+``redis-hit`` and ``redis-miss``. Rounds take turns so the shared machine's
+noise falls on every row alike.
 
-    cd <repo> && .venv/bin/python bench/response_cache.py --requests 2000 --rounds 5
+    cd <repo> && .venv/bin/python bench/response_cache.py --requests 2000 --rounds 5 [--redis]
 
 Runs against builtin upstreams on 127.0.0.1, port 0.
 """
@@ -20,6 +23,7 @@ Runs against builtin upstreams on 127.0.0.1, port 0.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.client
 import itertools
 import os
@@ -32,6 +36,7 @@ from pathlib import Path
 import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from peers.redis_server import RedisServer
 from support import GatewayProcess, write_config
 
 BACK = """
@@ -42,20 +47,29 @@ routes: [{match: {model: "*"}, upstream: local}]
 """
 
 
-def front(back_rest: str) -> str:
+def front(back_rest: str, redis: str | None = None) -> str:
+    """The bench's gateway: with ``redis``, also a cache with backend: redis."""
+    policies = ["{name: cache, response_cache: {ttl: 600s, max_bytes: 16MiB}}"]
+    routes = [f"{{match: {{model: simple, headers: {{x-row: {row}}}}}, upstream: local, policies: [cache]}}"
+              for row in ("hit", "miss")]
+    shared = ""
+    if redis is not None:
+        shared = f'redis: {{address: "{redis}", timeout: 1s}}'
+        policies.append("{name: rcache, response_cache: {ttl: 600s, backend: redis}}")
+        routes += [f"{{match: {{model: simple, headers: {{x-row: {row}}}}}, upstream: local, policies: [rcache]}}"
+                   for row in ("redis-hit", "redis-miss")]
+    routes += ["{match: {model: simple, headers: {x-row: through}}, upstream: back}",
+               "{match: {model: simple}, upstream: local}"]
     return f"""
 admin: {{address: null}}
 listeners: [{{name: rest, protocol: v2-rest, address: "127.0.0.1:0"}}]
 upstreams:
   - {{name: local, protocol: builtin}}
   - {{name: back, protocol: v2-rest, endpoints: ["{back_rest}"]}}
-policies: [{{name: cache, response_cache: {{ttl: 600s, max_bytes: 16MiB}}}}]
+{shared}
+policies: [{", ".join(policies)}]
 routes:
-  - {{match: {{model: simple, headers: {{x-row: hit}}}}, upstream: local, policies: [cache]}}
-  - {{match: {{model: simple, headers: {{x-row: miss}}}}, upstream: local, policies: [cache]}}
-  - {{match: {{model: simple, headers: {{x-row: through}}}}, upstream: back}}
-  - {{match: {{model: simple}}, upstream: local}}
-"""
+""" + "".join(f"  - {route}\n" for route in routes)
 
 
 def body(first: int) -> bytes:
@@ -73,7 +87,7 @@ def run_row(connection: http.client.HTTPConnection, row: str, requests: int, fre
             pid: int) -> tuple[float, float]:
     """(CPU µs per request, median latency µs) of ``requests`` requests of ``row``."""
     headers = {"Content-Type": "application/json", "x-row": row}
-    bodies = [body(next(fresh) * 16) if row == "miss" else body(0) for _ in range(requests)]
+    bodies = [body(next(fresh) * 16) if row.endswith("miss") else body(0) for _ in range(requests)]
     latencies = []
     before = cpu_seconds(pid)
     for payload in bodies:
@@ -91,32 +105,42 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--redis", action="store_true", help="add rows with backend: redis")
     args = parser.parse_args()
-    rows = ("plain", "hit", "miss", "through")
+    rows = ("plain", "hit", "miss", "through") + (("redis-hit", "redis-miss") if args.redis else ())
     cpu: dict[str, list[float]] = {row: [] for row in rows}
     latency: dict[str, list[float]] = {row: [] for row in rows}
+    redis_cpu: dict[str, list[float]] = {row: [] for row in rows}
     fresh = itertools.count(1)
-    with tempfile.TemporaryDirectory() as directory:
+    with tempfile.TemporaryDirectory() as directory, contextlib.ExitStack() as stack:
         folder = Path(directory)
-        with GatewayProcess(write_config(folder, BACK, "back.yaml"), folder / "back.log") as back, \
-                GatewayProcess(write_config(folder, front(back.url("rest"))), folder / "front.log") as gw:
-            assert gw.proc is not None
-            host, port = gw.url("rest").split(":")
-            connection = http.client.HTTPConnection(host, int(port))
+        redis = stack.enter_context(RedisServer(folder)) if args.redis else None
+        back = stack.enter_context(GatewayProcess(write_config(folder, BACK, "back.yaml"), folder / "back.log"))
+        gw = stack.enter_context(GatewayProcess(
+            write_config(folder, front(back.url("rest"), redis and redis.address)), folder / "front.log"))
+        assert gw.proc is not None
+        host, port = gw.url("rest").split(":")
+        connection = http.client.HTTPConnection(host, int(port))
+        for row in rows:
+            run_row(connection, row, 200, fresh, gw.proc.pid)  # warm-up
+        for _ in range(args.rounds):
             for row in rows:
-                run_row(connection, row, 200, fresh, gw.proc.pid)  # warm-up
-            for _ in range(args.rounds):
-                for row in rows:
-                    used, median = run_row(connection, row, args.requests, fresh, gw.proc.pid)
-                    cpu[row].append(used)
-                    latency[row].append(median)
-            connection.close()
+                redis_before = cpu_seconds(redis.proc.pid) if redis is not None and redis.proc else 0.0
+                used, median = run_row(connection, row, args.requests, fresh, gw.proc.pid)
+                cpu[row].append(used)
+                latency[row].append(median)
+                if redis is not None and redis.proc:
+                    redis_cpu[row].append((cpu_seconds(redis.proc.pid) - redis_before) * 1e6 / args.requests)
+        connection.close()
     print(f"{args.rounds} rounds x {args.requests} requests per row, V2 REST JSON `simple`, concurrency 1")
     print(f"{'row':8} {'CPU µs/request (median; each round)':60} median latency µs")
     for row in rows:
         rounds = " ".join(f"{v:.0f}" for v in cpu[row])
-        print(f"{row:8} {statistics.median(cpu[row]):6.0f}  ({rounds}){'':{max(0, 44 - len(rounds))}} "
+        print(f"{row:10} {statistics.median(cpu[row]):6.0f}  ({rounds}){'':{max(0, 42 - len(rounds))}} "
               f"{statistics.median(latency[row]):.0f}")
+    if args.redis:
+        print("redis-server CPU µs/request (median): " + ", ".join(
+            f"{row} {statistics.median(redis_cpu[row]):.0f}" for row in rows))
 
 
 if __name__ == "__main__":

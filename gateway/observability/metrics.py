@@ -277,6 +277,11 @@ class GatewayMetrics:
             "gateway_cache_requests", "Inference requests on routes with a response cache, by result: hit "
             "(answered from the cache), miss (sent upstream; a successful answer is stored), skip (never "
             "cached: sequences, streams, mirrored routes, requests without tensors).", ("result",), registry=r)
+        self.cache_redis_errors = Counter(
+            "gateway_cache_redis_errors", "Look-ups and stores of a response cache with backend: redis that "
+            "went without Redis, by policy and error: unavailable (Redis did not answer within redis.timeout "
+            "or refused: a miss, or the answer not stored), invalid (the value read was no entry for its key: "
+            "a miss).", ("policy", "error"), registry=r)
         # Payload logging (gateway/dataplane/filters/payload_log.py): events by what became of them.
         self.payload_log = Counter(
             "gateway_payload_log", "Payload-log events (CloudEvents to a sink) by result: sent (the sink "
@@ -461,6 +466,10 @@ class GatewayMetrics:
         """The counter child of one response-cache result (created at zero);
         a cache keeps its children and counts with ``.inc()``."""
         return self.cache_requests.labels(result)
+    def cache_redis_counters(self, policy: str) -> tuple[Any, Any]:
+        """A redis-backed response cache's error series, made once (at zero)
+        by its filter: unavailable, invalid."""
+        return self.cache_redis_errors.labels(policy, "unavailable"), self.cache_redis_errors.labels(policy, "invalid")
     def record_payload_log(self, result: str, events: int) -> None:
         self._payload_log[result].inc(events)
     def rate_limit_counters(self, policy: str) -> tuple[Any, Any, Any]:

@@ -214,6 +214,11 @@ class RedisClient:
         """One command's reply; RedisUnavailable when there is none within the timeout."""
         return await self._send(encode_command(args))
 
+    async def call_encoded(self, command: bytes) -> Any:
+        """:meth:`call` for a command already encoded (:func:`encode_command`),
+        so that a big value is framed off the loop."""
+        return await self._send(command)
+
     async def evalsha(self, script: RedisScript, keys: Sequence[Arg], args: Sequence[Arg]) -> Any:
         """``script``'s result: one round trip, two the first time (NOSCRIPT, then EVAL)."""
         tail = [len(keys), *keys, *args]

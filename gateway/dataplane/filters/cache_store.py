@@ -1,5 +1,6 @@
 """Where the response cache keeps answers: a backend is one small class
-(:class:`CacheBackend`); ``memory`` keeps them in this worker.
+(:class:`CacheBackend`); ``memory`` keeps them in this worker, ``redis``
+(cache_redis.py) in the `redis:` server.
 
 An answer is kept as tensors, never as an upstream's bytes (those carry the
 first request's id and model name): each hit is encoded anew for the request
@@ -62,10 +63,18 @@ def answer_to(kept: CachedAnswer, request: InferRequest) -> InferResponse:
         dict(parameters))
 
 
+class CacheUnavailable(Exception):
+    """A look-up found no answer because the backend could not answer (the
+    request is a miss whose answer is not stored)."""
+
+
 class CacheBackend(Protocol):
     """What the response cache asks of where it keeps answers."""
 
-    async def get(self, key: bytes) -> CachedAnswer | None: ...
+    async def get(self, key: bytes) -> CachedAnswer | None:
+        """The answer kept under ``key``, None when there is none (or it is
+        unusable); raises CacheUnavailable when the backend cannot answer."""
+        ...
 
     async def put(self, key: bytes, response: InferResponse) -> bool:
         """Keep ``response`` under ``key``; False when it is not kept."""

@@ -10,6 +10,8 @@ bytes) and the requested outputs, so the same tensors asked over V2 REST
 (JSON or binary), V2 gRPC or any other protocol are one question. What is
 kept and how (cache_store.py): the answer's tensors, never an upstream's
 bytes; a hit is the asking request's own answer (its id, its model name).
+``backend: memory`` keeps them in the worker (cache_store.py), ``backend:
+redis`` in the `redis:` server, shared by every gateway (cache_redis.py).
 
 Never looked up (counted as ``skip``): streamed requests (ModelStreamInfer,
 so decoupled models too: they answer only through streams), the steps of a
@@ -36,19 +38,27 @@ from gateway.core.types import InferResponse
 from gateway.dataplane.affinity import sequence_step
 from gateway.dataplane.filters.base import STREAM, Filter, FilterCall
 from gateway.dataplane.filters.cache_key import request_key, route_salt
-from gateway.dataplane.filters.cache_store import CacheBackend, MemoryBackend, answer_to
+from gateway.dataplane.filters.cache_redis import DEFAULT_MAX_BYTES as REDIS_DEFAULT_MAX_BYTES
+from gateway.dataplane.filters.cache_redis import MAX_ENTRY_BYTES as REDIS_MAX_ENTRY_BYTES
+from gateway.dataplane.filters.cache_redis import RedisBackend
+from gateway.dataplane.filters.cache_store import CacheBackend, CacheUnavailable, MemoryBackend, answer_to
 
 DEFAULT_TTL = 60.0
 DEFAULT_MAX_BYTES = 256 << 20
-BACKENDS = ("memory",)
+BACKENDS = ("memory", "redis")
 SKIP = "skip"  # gateway_cache_requests_total's third result, beside CACHE_HIT and CACHE_MISS
 
 
 @dataclass(frozen=True, slots=True)
 class ResponseCacheOptions:
     ttl: float = DEFAULT_TTL  # seconds an answer is served after it was stored
-    max_bytes: int = DEFAULT_MAX_BYTES  # bytes kept in all (per worker), also charged to the memory budget
+    # memory: bytes kept in all (per worker), also charged to the memory budget; redis: one entry's bytes
+    max_bytes: int = DEFAULT_MAX_BYTES
     backend: str = "memory"
+
+    @property
+    def uses_redis(self) -> bool:
+        return self.backend == "redis"
 
 
 class ResponseCache(Filter):
@@ -56,7 +66,13 @@ class ResponseCache(Filter):
 
     def __init__(self, name: str, options: ResponseCacheOptions, services: Any) -> None:
         super().__init__(name, options, services)
-        self.store: CacheBackend = MemoryBackend(options.ttl, options.max_bytes, services.budget, services.offload)
+        self.store: CacheBackend
+        if options.uses_redis:
+            self.store = RedisBackend(name, options.ttl, options.max_bytes,
+                                      services.redis.client(services.config.redis), services.budget,
+                                      services.offload, services.metrics.cache_redis_counters(name))
+        else:
+            self.store = MemoryBackend(options.ttl, options.max_bytes, services.budget, services.offload)
         self._offload = services.offload
         metrics = services.metrics
         self._hits, self._misses, self._skips = (metrics.cache_result(r) for r in (CACHE_HIT, CACHE_MISS, SKIP))
@@ -70,13 +86,19 @@ class ResponseCache(Filter):
         if not node.is_mapping:
             node.error("must be a mapping: {ttl: 60s, max_bytes: 256MiB, backend: memory}")
             return ResponseCacheOptions()
-        options = ResponseCacheOptions(node.duration("ttl", DEFAULT_TTL), node.size("max_bytes", DEFAULT_MAX_BYTES),
-                                       node.choice("backend", BACKENDS, "memory"))
+        backend = node.choice("backend", BACKENDS, "memory")
+        redis = backend == "redis"
+        options = ResponseCacheOptions(node.duration("ttl", DEFAULT_TTL),
+                                       node.size("max_bytes", REDIS_DEFAULT_MAX_BYTES if redis else DEFAULT_MAX_BYTES),
+                                       backend)
         node.check_no_unknown_keys()
         if isinstance(options.ttl, float) and options.ttl <= 0:
             node.error("must be more than 0", "ttl")
         if isinstance(options.max_bytes, int) and options.max_bytes <= 0:
             node.error("must be more than 0", "max_bytes")
+        elif redis and isinstance(options.max_bytes, int) and options.max_bytes > REDIS_MAX_ENTRY_BYTES:
+            node.error(f"must be at most {REDIS_MAX_ENTRY_BYTES >> 20}MiB with backend: redis (one entry's bytes)",
+                       "max_bytes")
         return options
 
     @classmethod
@@ -84,9 +106,13 @@ class ResponseCache(Filter):
         return {"type": ["object", "null"], "additionalProperties": False, "properties": {
             "ttl": {"$ref": "#/$defs/Duration", "default": "60s",
                     "description": "how long an answer is served after it was stored"},
-            "max_bytes": {"$ref": "#/$defs/Size", "default": "256MiB",
-                          "description": "bytes of answers kept per worker, also charged to the memory budget"},
-            "backend": {"enum": list(BACKENDS), "default": "memory", "description": "where answers are kept"}}}
+            "max_bytes": {"$ref": "#/$defs/Size",
+                          "description": "memory: bytes of answers kept per worker, also charged to the memory "
+                                         "budget (default 256MiB); redis: the largest entry stored (default "
+                                         f"1MiB, at most {REDIS_MAX_ENTRY_BYTES >> 20}MiB)"},
+            "backend": {"enum": list(BACKENDS), "default": "memory",
+                        "description": "where answers are kept: memory (this worker's) or redis (the redis: "
+                                       "section's server, shared by every gateway using it)"}}}
 
     def _salt(self, route: Any) -> bytes:
         known = self._salts.get(route.name)
@@ -105,8 +131,13 @@ class ResponseCache(Filter):
             return None
         started = time.perf_counter()
         key = await request_key(request, self._salt(call.route), self._offload)
-        kept = await self.store.get(key)
         record = call.ctx.record
+        try:
+            kept = await self.store.get(key)
+        except CacheUnavailable:  # a miss, its answer not stored: the backend failed a moment ago
+            self._misses.inc()
+            record.cache, record.cache_seconds = CACHE_MISS, time.perf_counter() - started
+            return None
         if kept is not None:
             self._hits.inc()
             answer = answer_to(kept, request)
