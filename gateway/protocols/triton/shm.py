@@ -47,7 +47,7 @@ import numpy as np
 import orjson
 
 from gateway.core.errors import ErrorKind, GatewayError, invalid, malformed
-from gateway.core.limits import BYTES_ELEMENT_COST, TensorBudget
+from gateway.core.limits import BYTES_ELEMENT_COST, TensorAllowance
 from gateway.core.tensors import array_from_raw, array_to_raw
 from gateway.core.types import NUMPY_DTYPES, InferRequest, InferResponse, Tensor
 from gateway.protocols.triton import SHM_REGISTRY_ENV
@@ -409,7 +409,7 @@ def plan(request: InferRequest, owner: str) -> Plan:
     return Plan(inputs, outputs)
 
 
-def read_inputs(request: InferRequest, found: Plan, budget: TensorBudget) -> None:
+def read_inputs(request: InferRequest, found: Plan, allowance: TensorAllowance) -> None:
     """Fill the inputs ``found`` names from their regions (body-sized: the
     caller runs it off the loop when big)."""
     store = registry()
@@ -418,7 +418,7 @@ def read_inputs(request: InferRequest, found: Plan, budget: TensorBudget) -> Non
         label = f"input '{tensor.name[:100]}'"
         data = store.read(region, window, label)
         count = tensor.element_count
-        tensor.data = array_from_raw(memoryview(data), tensor.datatype, tensor.shape, count, label, budget)
+        tensor.data = array_from_raw(memoryview(data), tensor.datatype, tensor.shape, count, label, allowance)
         tensor.parameters = _without(tensor.parameters)
 
 
@@ -453,14 +453,14 @@ def written(tensor: Tensor) -> bool:
     return REGION in tensor.parameters
 
 
-async def run_inputs(request: InferRequest, found: Plan, budget: TensorBudget,
+async def run_inputs(request: InferRequest, found: Plan, allowance: TensorAllowance,
                      grow: Callable[[int], None], offload: Any) -> None:
     """:func:`read_inputs`, its bytes charged to the memory budget first and
     big copies made in the offload pool."""
     if found.inputs:
         size = found.input_bytes
         grow(size)
-        await offload.run(size, read_inputs, request, found, budget)
+        await offload.run(size, read_inputs, request, found, allowance)
 
 
 async def run_outputs(response: InferResponse, found: Plan, grow: Callable[[int], None], offload: Any) -> None:

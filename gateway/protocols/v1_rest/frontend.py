@@ -16,7 +16,7 @@ from aiohttp import web
 from gateway.config.node import Node
 from gateway.core.cache import TtlCache
 from gateway.core.errors import ErrorKind, GatewayError, unsupported
-from gateway.core.limits import TensorBudget
+from gateway.core.limits import TensorAllowance
 from gateway.core.record import REQUEST_ID_HEADER, Translating
 from gateway.core.types import InferRequest, RawPayload, RequestContext, TensorSpec
 from gateway.dataplane.routing import Route
@@ -122,7 +122,7 @@ class V1RestFrontend(HttpFrontend):
         try:
             with Translating(ctx.record, "decode"):
                 predict = await offload.run(len(body), codec.decode_predict, body, specs,
-                                            TensorBudget.of(limits, reservation.grow))
+                                            TensorAllowance.of(limits, reservation.grow))
         except codec.NotTensors:
             if not self._takes_as_is(route):
                 raise
