@@ -35,10 +35,10 @@ from gateway.core.errors import (
 from gateway.core.modelnames import check_model
 from gateway.core.record import RequestRecord
 from gateway.core.types import (
-    ExtensionRequest,
     InferRequest,
     InferResponse,
     ModelMetadata,
+    OperationRequest,
     RequestContext,
     UpstreamAttempt,
 )
@@ -585,10 +585,10 @@ class DataPlane:
 
     def offers(self, route: Route, operation: str) -> bool:
         """Whether every upstream the route sends to (a split has several)
-        answers ``operation`` through call_extension (the others raise
+        answers ``operation`` through call_operation (the others raise
         UNSUPPORTED for it)."""
         clusters = self.clusters
-        return all(operation in clusters[name].clients[0].extensions for name in route.upstreams)
+        return all(operation in clusters[name].clients[0].operations for name in route.upstreams)
 
     def relays(self, route: Route, protocol: str) -> bool:
         """Whether an upstream of ``route`` speaks ``protocol`` with its
@@ -604,18 +604,18 @@ class DataPlane:
         config = self.clusters[upstream].config
         return config.protocol == protocol and config.passthrough
 
-    async def call_extension(self, operation: str, request: InferRequest, ctx: RequestContext,
+    async def call_operation(self, operation: str, request: InferRequest, ctx: RequestContext,
                              arguments: Any = None) -> Any:
         """An operation beyond infer (e.g. ``DERIVATIVE_OPERATION``), routed and
-        rewritten exactly like infer; the upstream client's ``call_extension``
+        rewritten exactly like infer; the upstream client's ``call_operation``
         answers it or raises UNSUPPORTED."""
         generation = self._current
         with generation.use():
             route = self._resolve(generation, request.model_name, request.model_version, ctx)
             model, version = self._target(route, request.model_name, request.model_version)
-            routed = ExtensionRequest(dataclasses.replace(request, model_name=model, model_version=version),
+            routed = OperationRequest(dataclasses.replace(request, model_name=model, model_version=version),
                                       arguments)
-            return await self._call(generation, route, ctx, lambda c: c.call_extension(operation, routed, ctx))
+            return await self._call(generation, route, ctx, lambda c: c.call_operation(operation, routed, ctx))
 
     async def server_ready(self, ctx: RequestContext) -> bool:
         """False while draining; else as ``readiness.upstreams`` says: whether

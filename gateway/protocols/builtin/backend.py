@@ -14,10 +14,10 @@ from gateway.core.errors import model_not_found, unsupported
 from gateway.core.types import (
     DERIVATIVE_OPERATION,
     Derivative,
-    ExtensionRequest,
     InferRequest,
     InferResponse,
     ModelMetadata,
+    OperationRequest,
     RequestContext,
 )
 from gateway.protocols.base import UpstreamClient
@@ -83,7 +83,7 @@ class BuiltinOptions:
 
 
 class BuiltinClient(UpstreamClient):
-    extensions = frozenset({DERIVATIVE_OPERATION})
+    operations = frozenset({DERIVATIVE_OPERATION})
 
     @classmethod
     def needs_endpoints(cls) -> bool:
@@ -172,10 +172,10 @@ class BuiltinClient(UpstreamClient):
     async def list_models(self, ctx: RequestContext) -> list[str]:
         return list(self.models)
 
-    async def call_extension(self, operation: str, request: Any, ctx: RequestContext) -> Any:
-        if (operation == DERIVATIVE_OPERATION and isinstance(request, ExtensionRequest)
+    async def call_operation(self, operation: str, request: Any, ctx: RequestContext) -> Any:
+        if (operation == DERIVATIVE_OPERATION and isinstance(request, OperationRequest)
                 and isinstance(request.arguments, Derivative)):
             inner = request.request
             model = self._model(inner.model_name, inner.model_version)
             return model.derivative(model.check_inputs(inner.inputs), inner.parameters, request.arguments)
-        return await super().call_extension(operation, request, ctx)
+        return await super().call_operation(operation, request, ctx)

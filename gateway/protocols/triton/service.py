@@ -130,7 +130,7 @@ class Extensions:
         """The upstream's configuration if it keeps one, else one written
         from the model metadata (marked ``synthesized``)."""
         try:
-            config = await self.dataplane.call_extension(MODEL_CONFIG_OPERATION, InferRequest(model, version), ctx)
+            config = await self.dataplane.call_operation(MODEL_CONFIG_OPERATION, InferRequest(model, version), ctx)
         except GatewayError as error:
             if error.kind not in _NO_CONFIG:
                 raise

@@ -4,7 +4,7 @@ Its models appear to the rest of the gateway as V2 models with one FP64
 vector tensor per UM-Bridge input and output (``input_0``, ...,
 ``output_0``, ...); the UM-Bridge ``config`` travels as the request parameter
 ``umbridge_config`` (JSON text). Derivatives and config-dependent sizes are
-offered through ``call_extension``.
+offered through ``call_operation``.
 
 Pass-through (``passthrough: true``, the default): an Evaluate from a
 UM-Bridge client carries its body (:class:`~gateway.core.types.RawPayload`),
@@ -29,10 +29,10 @@ from gateway.core.types import (
     DERIVATIVE_OPERATION,
     METADATA_OPERATION,
     Derivative,
-    ExtensionRequest,
     InferRequest,
     InferResponse,
     ModelMetadata,
+    OperationRequest,
     RawPayload,
     RequestContext,
     Tensor,
@@ -49,7 +49,7 @@ _INPUT_NAME = re.compile(r"^input_(0|[1-9][0-9]{0,5})$")
 
 
 class UmbridgeClient(UpstreamClient):
-    extensions = frozenset({DERIVATIVE_OPERATION, METADATA_OPERATION})
+    operations = frozenset({DERIVATIVE_OPERATION, METADATA_OPERATION})
 
     @classmethod
     def parse_options(cls, node: Node) -> UpstreamOptions:
@@ -215,9 +215,9 @@ class UmbridgeClient(UpstreamClient):
                                       PASSTHROUGH_REQUEST_ONLY if forwarded else PASSTHROUGH_TRANSLATED)
         return response
 
-    async def call_extension(self, operation: str, request: Any, ctx: RequestContext) -> Any:
-        if not isinstance(request, ExtensionRequest):
-            return await super().call_extension(operation, request, ctx)
+    async def call_operation(self, operation: str, request: Any, ctx: RequestContext) -> Any:
+        if not isinstance(request, OperationRequest):
+            return await super().call_operation(operation, request, ctx)
         inner = request.request
         self._check_version(inner.model_name, inner.model_version)
         config = codec.config_from_text(inner.parameters.get(codec.CONFIG_PARAMETER))

@@ -100,7 +100,7 @@ class UmbridgeFrontend(HttpFrontend):
         if config_text:  # sizes may depend on config: ask upstreams that can say
             request = InferRequest(name, parameters={codec.CONFIG_PARAMETER: config_text})
             try:
-                metadata: ModelMetadata = await self.dataplane.call_extension(METADATA_OPERATION, request, ctx)
+                metadata: ModelMetadata = await self.dataplane.call_operation(METADATA_OPERATION, request, ctx)
                 return metadata
             except GatewayError as exc:
                 if exc.kind != ErrorKind.UNSUPPORTED:

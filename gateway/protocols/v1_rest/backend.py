@@ -15,7 +15,7 @@ decoded outputs. Such an answer must be a JSON object (else 502); one
 that is valid V1 but no V2 tensors (ragged predictions, say) comes back
 as its bytes alone, for the V1 listener to relay.
 
-``EXPLAIN_OPERATION`` (``call_extension``) forwards ``:explain`` and
+``EXPLAIN_OPERATION`` (``call_operation``) forwards ``:explain`` and
 answers the server's JSON as a RawPayload.
 """
 
@@ -31,10 +31,10 @@ from gateway.config.node import Node
 from gateway.core.errors import ErrorKind, GatewayError, model_not_found
 from gateway.core.record import PASSTHROUGH_REQUEST_ONLY, PASSTHROUGH_TRANSLATED
 from gateway.core.types import (
-    ExtensionRequest,
     InferRequest,
     InferResponse,
     ModelMetadata,
+    OperationRequest,
     RawPayload,
     RequestContext,
     Tensor,
@@ -65,7 +65,7 @@ def _encoded_size(tensor: Tensor) -> int:
 
 
 class V1RestClient(UpstreamClient):
-    extensions = frozenset({EXPLAIN_OPERATION})
+    operations = frozenset({EXPLAIN_OPERATION})
     http: UpstreamHttp | None = None
 
     @classmethod
@@ -147,9 +147,9 @@ class V1RestClient(UpstreamClient):
             ctx.record.passthrough = PASSTHROUGH_REQUEST_ONLY if forwarded else PASSTHROUGH_TRANSLATED
         return response
 
-    async def call_extension(self, operation: str, request: Any, ctx: RequestContext) -> Any:
-        if operation != EXPLAIN_OPERATION or not isinstance(request, ExtensionRequest):
-            return await super().call_extension(operation, request, ctx)
+    async def call_operation(self, operation: str, request: Any, ctx: RequestContext) -> Any:
+        if operation != EXPLAIN_OPERATION or not isinstance(request, OperationRequest):
+            return await super().call_operation(operation, request, ctx)
         inner = request.request
         body = await self._body(inner)
         reply = await self._send("POST", self._model_path(inner.model_name, inner.model_version) + ":explain",

@@ -174,7 +174,7 @@ class V1RestFrontend(HttpFrontend):
         await admit_json(body, request.reservation(), self.services.offload, self.services.config.limits,
                          "the request body")
         call = InferRequest(model, version, ctx.request_id, raw=RawPayload(PROTOCOL, body, codec.JSON_TYPE))
-        answer = await self.dataplane.call_extension(EXPLAIN_OPERATION, call, ctx)
+        answer = await self.dataplane.call_operation(EXPLAIN_OPERATION, call, ctx)
         if not isinstance(answer, RawPayload):
             raise GatewayError(ErrorKind.INTERNAL, f"the upstream's explanation came as {type(answer).__name__}")
         return HttpReply(200, [answer.body], answer.content_type or codec.JSON_TYPE,

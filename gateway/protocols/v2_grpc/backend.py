@@ -28,10 +28,10 @@ from gateway.core.errors import CONNECT_FAILURE, ErrorKind, GatewayError, malfor
 from gateway.core.record import PASSTHROUGH_REQUEST_ONLY, PASSTHROUGH_TRANSLATED
 from gateway.core.types import (
     MODEL_CONFIG_OPERATION,
-    ExtensionRequest,
     InferRequest,
     InferResponse,
     ModelMetadata,
+    OperationRequest,
     RawPayload,
     RequestContext,
 )
@@ -294,11 +294,11 @@ class V2GrpcClient(UpstreamClient):
             return []
         return extensions.index_from_message(reply)
 
-    async def call_extension(self, operation: str, request: Any, ctx: RequestContext) -> Any:
+    async def call_operation(self, operation: str, request: Any, ctx: RequestContext) -> Any:
         """``model_config``: Triton's ``ModelConfig`` RPC; servers without it
         answer UNIMPLEMENTED and the gateway synthesizes one."""
-        if operation != MODEL_CONFIG_OPERATION or not isinstance(request, ExtensionRequest):
-            return await super().call_extension(operation, request, ctx)
+        if operation != MODEL_CONFIG_OPERATION or not isinstance(request, OperationRequest):
+            return await super().call_operation(operation, request, ctx)
         inner = request.request
         reply = await self._call("ModelConfig", pb.ModelConfigRequest(name=inner.model_name,
                                                                         version=inner.model_version), ctx)

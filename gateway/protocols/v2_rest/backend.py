@@ -42,10 +42,10 @@ from gateway.core.errors import ErrorKind, GatewayError, malformed, unsupported
 from gateway.core.record import PASSTHROUGH_REQUEST_ONLY, PASSTHROUGH_TRANSLATED, PASSTHROUGH_VERBATIM
 from gateway.core.types import (
     MODEL_CONFIG_OPERATION,
-    ExtensionRequest,
     InferRequest,
     InferResponse,
     ModelMetadata,
+    OperationRequest,
     RawPayload,
     RequestContext,
     TensorSpec,
@@ -378,11 +378,11 @@ class V2RestClient(UpstreamClient):
             return []
         return [e["name"] for e in entries if isinstance(e, dict) and isinstance(e.get("name"), str)]
 
-    async def call_extension(self, operation: str, request: Any, ctx: RequestContext) -> Any:
+    async def call_operation(self, operation: str, request: Any, ctx: RequestContext) -> Any:
         """``model_config``: Triton's ``GET .../config``; servers without it
         (MLServer, KServe) leave the gateway to synthesize one."""
-        if operation != MODEL_CONFIG_OPERATION or not isinstance(request, ExtensionRequest):
-            return await super().call_extension(operation, request, ctx)
+        if operation != MODEL_CONFIG_OPERATION or not isinstance(request, OperationRequest):
+            return await super().call_operation(operation, request, ctx)
         inner = request.request
         reply = await self._send("GET", self._model_path(inner.model_name, inner.model_version) + "/config", ctx=ctx)
         if reply.status in _NO_CONFIG_ENDPOINT:
