@@ -168,7 +168,7 @@ class HttpFrontend(Frontend):
 
     async def start(self) -> None:
         # auto_decompress off: read_body inflates under the size limit itself.
-        # The access-log hook records metrics and the access log (issue 7).
+        # The access-log hook records metrics and the access log of every request.
         # keepalive_timeout runs from a connection's start and from each
         # answer until the next request head is complete: it also bounds
         # clients that send a head slowly (Slowloris).

@@ -146,7 +146,7 @@ def error_middleware(respond: Callable[[GatewayError, int | None], web.StreamRes
             return respond(internal, None)
 
     return middleware
-# --- request context and observability (issue 7) ------------------------------
+# --- request context and observability ----------------------------------------
 
 CONTEXT = web.RequestKey("gateway_context", RequestContext)
 
