@@ -273,8 +273,6 @@ def access_logger_class(services: Any, status_kinds: Mapping[int, ErrorKind]) ->
 
 # --- listener limits: connections, concurrent requests, malformed HTTP --------------
 
-Render = Callable[[GatewayError, "int | None"], web.StreamResponse]
-
 # Set on an HTTP/1.1 request that carried `Expect` (its value) until the
 # guard answers `100 Continue`. The header is hidden from aiohttp, which
 # would send the 100 before any middleware could refuse the request.
@@ -458,6 +456,7 @@ class _GuardedServer(web.Server):
         protocol.connecting = task
 
     def failed(self, protocol: asyncio.BaseProtocol) -> None:
+        assert isinstance(protocol, (_GuardedRequestHandler, FastConnection))
         self.guard.closed(protocol)
 
     def free_idle(self) -> bool:
