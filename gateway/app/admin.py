@@ -174,8 +174,8 @@ async def start_admin(gateway: Administered, address: Address) -> tuple[web.AppR
     site = web.TCPSite(runner, address.host, address.port, reuse_address=True,
                        reuse_port=gateway.services.reuse_port or None)
     await site.start()
-    sockets = getattr(site._server, "sockets", None) or []
-    port = sockets[0].getsockname()[1] if sockets else address.port
+    bound = runner.addresses
+    port = bound[0][1] if bound else address.port
     log.info("admin on %s:%d", address.host, port)
     if not is_loopback(address.host):
         log.warning("the admin listener on %s is reachable from other hosts: /config and /metrics are "

@@ -7,7 +7,6 @@ from __future__ import annotations
 import abc
 import asyncio
 import logging
-import socket
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -196,7 +195,7 @@ class HttpFrontend(Frontend):
         routes = FastRoutes(self.fast_routes(), fixed) if self.listener.fast_path else FastRoutes(())
         self._fast = FastListener(
             self.listener.name, self.listener.protocol, self.services, routes, self.guard, self.error_reply,
-            handoff=factory._handler, cycle=self.cycle,
+            handoff=factory, cycle=self.cycle,
             draining=lambda: self.dataplane.draining, max_body=self.max_body,
             status_kinds=self.status_kinds) if routes else None
         factory.install(self.guard, self._fast)
@@ -206,11 +205,9 @@ class HttpFrontend(Frontend):
         site = _GuardedSite(self._runner, address.host, address.port, reuse_port=self.services.reuse_port,
                             ssl_context=self._tls.ssl_context if self._tls is not None else None)
         await site.start()
-        server = site._server  # aiohttp exposes bound sockets only here
-        sockets = getattr(server, "sockets", None) or []
-        for sock in sockets:
-            if sock.family in (socket.AF_INET, socket.AF_INET6):
-                self._port = sock.getsockname()[1]
+        for bound in self._runner.addresses:  # (host, port[, flowinfo, scope_id]) of an IP socket
+            if isinstance(bound, tuple):
+                self._port = bound[1]
                 break
         log.info("listener %s (%s) on %s:%d%s", self.listener.name, self.listener.protocol, address.host,
                  self._port, " (TLS)" if self._tls is not None else "")
@@ -218,7 +215,8 @@ class HttpFrontend(Frontend):
     async def stop(self, grace: float) -> None:
         if self._runner is not None:
             # aiohttp waits this long for in-flight handlers after closing the
-            # socket; it only takes it from the runner (set when built).
+            # socket; it takes it only from the runner's constructor (no public
+            # setter), and the grace is known only now.
             self._runner._shutdown_timeout = grace
             closing = [self._runner.shutdown()]
             if self._fast is not None:  # its connections (aiohttp closes those handed over)

@@ -322,6 +322,7 @@ class _GuardedRequestHandler(RequestHandler):
         head (or about to), or still in its TLS handshake."""
         if self.transport is None:
             return True
+        # RequestHandler tells its state only through these (no public way).
         if self._messages:  # a pipelined request, parsed
             return False
         waiter = self._waiter
@@ -357,11 +358,12 @@ class _GuardedRequestHandler(RequestHandler):
             # client holds its body back, so neither wait for it (aiohttp
             # would, up to its lingering time) nor keep the connection.
             resp.force_close()
-            self._lingering_time = 0.0
+            self._lingering_time = 0.0  # per handler: aiohttp offers no public setter
         return await super().finish_response(request, resp, start_time)
 
-    def handle_error(self, request: Any, status: int = 500, exc: BaseException | None = None,
+    def handle_error(self, request: web.BaseRequest, status: int = 500, exc: BaseException | None = None,
                      message: str | None = None) -> web.StreamResponse:
+        # No manager (aiohttp's own check): the server is shutting down.
         if status == 500 or request.writer.output_size > 0 or self._manager is None:
             return super().handle_error(request, status, exc, message)
         if isinstance(exc, LineTooLong) or (isinstance(exc, BadHttpMessage) and "Too many headers" in str(exc)):
@@ -438,6 +440,7 @@ class _GuardedServer(web.Server):
         return self._handler()
 
     def _handler(self) -> _GuardedRequestHandler:
+        # As web.Server.__call__ makes its handlers; it takes no handler class.
         handler = _GuardedRequestHandler(self, loop=self._loop, **self._kwargs)
         handler.guard = self.guard
         return handler
@@ -484,7 +487,7 @@ class _GuardedSite(web.BaseSite):
         sockets = await bind(self._host, self._port, self._reuse_port, self._backlog)
         acceptor = Acceptor(sockets, server, server.guard.refusals, self._ssl_context, self._backlog)
         acceptor.start()
-        self._server = acceptor
+        self._server = acceptor  # BaseSite's slot: stop() closes it, runner.addresses lists its sockets
 
 
 
