@@ -44,7 +44,7 @@ from gateway.core.types import (
 )
 from gateway.dataplane.affinity import SequencePins, SequenceStep, sequence_step
 from gateway.dataplane.batching import Batcher, Member, batch_context, compatibility, share_facts
-from gateway.dataplane.cluster.cluster import Backends, ClientFactory, Cluster
+from gateway.dataplane.cluster.cluster import Backends, ClientFactory, Cluster, Lease
 from gateway.dataplane.cluster.endpoint import Endpoint
 from gateway.dataplane.filters import registry as filter_registry
 from gateway.dataplane.filters.base import INFER, STREAM, Filter, FilterCall, FilterChain
@@ -53,6 +53,7 @@ from gateway.dataplane.routing import NO_FRAMING_HEADERS, FramingHeaders, Route,
 from gateway.observability.counters import Counters, Event
 from gateway.observability.metrics import metrics_hook, metrics_of
 from gateway.observability.statistics import batch_size
+from gateway.runtime.services import GatewayServices
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -99,7 +100,7 @@ class Generation:
 
 
 class DataPlane:
-    def __init__(self, config: GatewayConfig, services: Any, counters: Counters | None = None, *,
+    def __init__(self, config: GatewayConfig, services: GatewayServices, counters: Counters | None = None, *,
                  backends: Backends | None = None, client_factory: ClientFactory | None = None,
                  framing_headers: FramingHeaders = NO_FRAMING_HEADERS, clock: Callable[[], float] = time.monotonic,
                  rng: random.Random | None = None) -> None:
@@ -133,7 +134,7 @@ class DataPlane:
 
     # --- lifecycle ----------------------------------------------------------
 
-    def _build(self, config: GatewayConfig, services: Any, reuse: dict[str, Cluster],
+    def _build(self, config: GatewayConfig, services: GatewayServices, reuse: dict[str, Cluster],
                reuse_filters: dict[str, Filter]) -> Generation:
         """Routes, clusters and filters for ``config``; an upstream whose
         config did not change keeps its cluster (health, ejections,
@@ -168,7 +169,7 @@ class DataPlane:
         for step in filters.values():
             await _close_filter(step)
 
-    async def swap(self, config: GatewayConfig, services: Any) -> None:
+    async def swap(self, config: GatewayConfig, services: GatewayServices) -> None:
         """Build and start routes and clusters for ``config`` and switch to
         them at once. Requests in flight finish on the old ones, which are
         closed when the last of them is done. Raises if a new cluster cannot
@@ -399,7 +400,7 @@ class DataPlane:
             self._spawn(self._mirror(generation, cluster, lease, request, shadow_ctx, timeout),
                         f"mirror to {cluster.name}")
 
-    async def _mirror(self, generation: Generation, cluster: Cluster, lease: Any, request: InferRequest,
+    async def _mirror(self, generation: Generation, cluster: Cluster, lease: Lease, request: InferRequest,
                       ctx: RequestContext, timeout: float) -> None:
         try:
             async with asyncio.timeout(timeout):

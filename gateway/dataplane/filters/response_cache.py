@@ -37,6 +37,8 @@ from gateway.dataplane.affinity import sequence_step
 from gateway.dataplane.filters.base import STREAM, Filter, FilterCall
 from gateway.dataplane.filters.cache_key import request_key, route_salt
 from gateway.dataplane.filters.cache_store import CacheBackend, MemoryBackend, answer_to
+from gateway.dataplane.routing import Route
+from gateway.runtime.services import GatewayServices
 
 DEFAULT_TTL = 60.0
 DEFAULT_MAX_BYTES = 256 << 20
@@ -54,7 +56,7 @@ class ResponseCacheOptions:
 class ResponseCache(Filter):
     kind = "response_cache"
 
-    def __init__(self, name: str, options: ResponseCacheOptions, services: Any) -> None:
+    def __init__(self, name: str, options: ResponseCacheOptions, services: GatewayServices) -> None:
         super().__init__(name, options, services)
         self.store: CacheBackend = MemoryBackend(options.ttl, options.max_bytes, services.budget, services.offload)
         self._offload = services.offload
@@ -88,7 +90,7 @@ class ResponseCache(Filter):
                           "description": "bytes of answers kept per worker, also charged to the memory budget"},
             "backend": {"enum": list(BACKENDS), "default": "memory", "description": "where answers are kept"}}}
 
-    def _salt(self, route: Any) -> bytes:
+    def _salt(self, route: Route) -> bytes:
         known = self._salts.get(route.name)
         if known is not None and known[0] is route.config:
             return known[1]
