@@ -7,10 +7,10 @@ from __future__ import annotations
 import abc
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from gateway.core.errors import ErrorKind, GatewayError
 from gateway.protocols.base import Frontend
@@ -151,7 +151,7 @@ class HttpFrontend(Frontend):
         body = await self.read_buffer(request)
         return body if isinstance(body, bytes) else bytes(body)
 
-    def new_app(self, middlewares: list[Callable[..., Awaitable[Any]]]) -> web.Application:
+    def new_app(self, middlewares: list[Middleware]) -> web.Application:
         # aiohttp's own 1 MiB default is far too small for tensors; the body
         # limit is applied deliberately, one byte over so our check answers.
         cycle = self.cycle
@@ -226,7 +226,7 @@ class HttpFrontend(Frontend):
             self._runner = None
 
 
-def _response_headers(response: web.StreamResponse) -> Any:
+def _response_headers(response: web.StreamResponse) -> MutableMapping[str, str]:
     return response.headers
 
 

@@ -29,6 +29,7 @@ from aiohttp.http_exceptions import (
     LineTooLong,
     TransferEncodingError,
 )
+from aiohttp.typedefs import Middleware
 from aiohttp.web_protocol import RequestHandler
 from multidict import CIMultiDict, CIMultiDictProxy
 
@@ -40,6 +41,7 @@ from gateway.core.record import (
 from gateway.core.types import RequestContext
 from gateway.runtime.budget import Reservation
 from gateway.runtime.offload import Offloader
+from gateway.runtime.services import GatewayServices
 from gateway.transport.acceptor import Acceptor, bind
 from gateway.transport.cycle import Form, RequestCycle
 from gateway.transport.http_server.body import decompress, request_coding
@@ -108,7 +110,7 @@ async def _read_exactly(request: web.Request, size: int) -> bytearray:
 
 
 def error_middleware(respond: Callable[[GatewayError, int | None], web.StreamResponse],
-                     http_kinds: Mapping[int, ErrorKind]) -> Any:
+                     http_kinds: Mapping[int, ErrorKind]) -> Middleware:
     """Middleware that answers every failure as ``respond(error, status)``:
     a GatewayError with its kind's status (``status`` None), aiohttp's HTTP
     errors (unknown path, wrong method, ...) with their own status and the
@@ -247,7 +249,7 @@ class RecordingAccessLogger(AbstractAccessLogger):
     """aiohttp calls this once the response is sent (or the send failed):
     the moment sizes and the full duration are known."""
 
-    services: Any = None  # set per frontend by access_logger_class
+    services: GatewayServices  # set per frontend by access_logger_class
     status_kinds: Mapping[int, ErrorKind] = MappingProxyType({})  # the frontend's (HttpFrontend.status_kinds)
 
     def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
@@ -267,7 +269,7 @@ class RecordingAccessLogger(AbstractAccessLogger):
         finish_request(self.services, ctx)
 
 
-def access_logger_class(services: Any, status_kinds: Mapping[int, ErrorKind]) -> type[AbstractAccessLogger]:
+def access_logger_class(services: GatewayServices, status_kinds: Mapping[int, ErrorKind]) -> type[AbstractAccessLogger]:
     return type("GatewayAccessLogger", (RecordingAccessLogger,), {"services": services, "status_kinds": status_kinds})
 
 
