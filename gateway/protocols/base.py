@@ -22,7 +22,8 @@ from gateway.config.tls import CLIENT_AUTH_MODES
 from gateway.core.contracts import StreamedResponse
 from gateway.core.errors import unsupported
 from gateway.core.types import InferRequest, InferResponse, ModelMetadata, RequestContext
-from gateway.runtime.auth import credential_headers
+from gateway.runtime.auth import Authenticator, credential_headers
+from gateway.runtime.tls import ServerTls
 
 if TYPE_CHECKING:
     from gateway.config.address import Address
@@ -112,10 +113,9 @@ class Frontend(abc.ABC):
     async def stop(self, grace: float) -> None:
         """Stop accepting, let in-flight requests finish within ``grace`` s."""
 
-    # The listener's TLS material (a gateway.runtime.tls.ServerTls) and token
-    # checker (gateway.runtime.auth.Authenticator), when it has them: set at start.
-    _tls: Any = None
-    _authenticator: Any = None
+    # The listener's TLS material and token checker, when it has them: set at start.
+    _tls: ServerTls | None = None
+    _authenticator: Authenticator | None = None
 
     def reload_security(self, listener: ListenerConfig) -> None:
         """Re-read this listener's certificate and token files (for a

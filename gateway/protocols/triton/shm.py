@@ -51,6 +51,7 @@ from gateway.core.limits import BYTES_ELEMENT_COST, TensorAllowance
 from gateway.core.tensors import array_from_raw, array_to_raw
 from gateway.core.types import NUMPY_DTYPES, InferRequest, InferResponse, Tensor
 from gateway.protocols.triton import SHM_REGISTRY_ENV
+from gateway.runtime.offload import Offloader
 
 REGION = "shared_memory_region"
 OFFSET = "shared_memory_offset"
@@ -454,7 +455,7 @@ def written(tensor: Tensor) -> bool:
 
 
 async def run_inputs(request: InferRequest, found: Plan, allowance: TensorAllowance,
-                     grow: Callable[[int], None], offload: Any) -> None:
+                     grow: Callable[[int], None], offload: Offloader) -> None:
     """:func:`read_inputs`, its bytes charged to the memory budget first and
     big copies made in the offload pool."""
     if found.inputs:
@@ -463,7 +464,7 @@ async def run_inputs(request: InferRequest, found: Plan, allowance: TensorAllowa
         await offload.run(size, read_inputs, request, found, allowance)
 
 
-async def run_outputs(response: InferResponse, found: Plan, grow: Callable[[int], None], offload: Any) -> None:
+async def run_outputs(response: InferResponse, found: Plan, grow: Callable[[int], None], offload: Offloader) -> None:
     """:func:`write_outputs`, big copies made in the offload pool. Numbers
     are written from their arrays; BYTES tensors are first put in their
     length-prefixed form, charged to the memory budget before."""

@@ -54,6 +54,8 @@ from gateway.transport.http_server.sse import SSE_CONTENT_TYPE, encode_event
 
 if TYPE_CHECKING:
     from gateway.config.limits import Limits
+    from gateway.config.listeners import ListenerConfig
+    from gateway.runtime.services import GatewayServices
 
 log = logging.getLogger(__name__)
 
@@ -161,8 +163,8 @@ class GenerateHost(Protocol):
     """What the handlers need of the V2 REST frontend (which imports them)."""
 
     dataplane: DataPlaneApi
-    services: Any
-    listener: Any
+    services: GatewayServices
+    listener: ListenerConfig
 
     def http_request(self, request: web.Request) -> HttpRequest: ...
 
