@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from gateway.core.types import InferRequest, InferResponse, ModelMetadata, RequestContext
+from gateway.core.types import InferRequest, InferResponse, ModelMetadata, OperationRequest, RequestContext
 
 
 @dataclass(slots=True)
@@ -62,4 +62,4 @@ class Backend(Protocol):
 
     async def health_check(self, ctx: RequestContext) -> bool: ...
 
-    async def call_operation(self, operation: str, request: Any, ctx: RequestContext) -> Any: ...
+    async def call_operation(self, operation: str, request: OperationRequest, ctx: RequestContext) -> Any: ...

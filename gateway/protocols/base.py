@@ -21,7 +21,7 @@ from gateway.config.node import Node
 from gateway.config.tls import CLIENT_AUTH_MODES
 from gateway.core.contracts import StreamedResponse
 from gateway.core.errors import unsupported
-from gateway.core.types import InferRequest, InferResponse, ModelMetadata, RequestContext
+from gateway.core.types import InferRequest, InferResponse, ModelMetadata, OperationRequest, RequestContext
 from gateway.runtime.auth import Authenticator, credential_headers
 from gateway.runtime.tls import ServerTls
 
@@ -219,6 +219,6 @@ class UpstreamClient(abc.ABC):
         /Info, GraphStorm /ping). ``ctx.deadline`` bounds the call."""
         return await self.server_ready(ctx)
 
-    async def call_operation(self, operation: str, request: Any, ctx: RequestContext) -> Any:
+    async def call_operation(self, operation: str, request: OperationRequest, ctx: RequestContext) -> Any:
         """Protocol-specific operations (e.g. UM-Bridge derivatives)."""
         raise unsupported(f"upstream '{self.upstream.name}' does not support {operation}")

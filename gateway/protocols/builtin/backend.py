@@ -8,7 +8,9 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from gateway.config.address import Address
 from gateway.config.node import Node
+from gateway.config.upstreams import UpstreamConfig
 from gateway.core.contracts import StreamedResponse
 from gateway.core.errors import model_not_found, unsupported
 from gateway.core.types import (
@@ -34,6 +36,7 @@ from gateway.protocols.builtin.sequences import (
     StringDynaSequence,
 )
 from gateway.runtime.budget import InflightBudget
+from gateway.runtime.services import GatewayServices
 
 # The smallest sequences.max_state_bytes: a few sequences must fit.
 MIN_STATE_BYTES = 4096
@@ -99,8 +102,8 @@ class BuiltinClient(UpstreamClient):
         return BuiltinOptions(names, parse_gnn_settings(node.child("gnn", None)),
                               parse_sequence_settings(node.child("sequences", None)))
 
-    def __init__(self, *args: Any) -> None:
-        super().__init__(*args)
+    def __init__(self, upstream: UpstreamConfig, endpoint: Address | None, services: GatewayServices) -> None:
+        super().__init__(upstream, endpoint, services)
         options = self.upstream.options
         if not isinstance(options, BuiltinOptions):
             options = BuiltinOptions(tuple(options or ()))
@@ -172,7 +175,7 @@ class BuiltinClient(UpstreamClient):
     async def list_models(self, ctx: RequestContext) -> list[str]:
         return list(self.models)
 
-    async def call_operation(self, operation: str, request: Any, ctx: RequestContext) -> Any:
+    async def call_operation(self, operation: str, request: OperationRequest, ctx: RequestContext) -> Any:
         if (operation == DERIVATIVE_OPERATION and isinstance(request, OperationRequest)
                 and isinstance(request.arguments, Derivative)):
             inner = request.request

@@ -21,7 +21,9 @@ from typing import Any
 
 import numpy as np
 
+from gateway.config.address import Address
 from gateway.config.node import Node
+from gateway.config.upstreams import UpstreamConfig
 from gateway.core.cache import TtlCache
 from gateway.core.errors import GatewayError, invalid, model_not_found, unsupported
 from gateway.core.record import PASSTHROUGH_REQUEST_ONLY, PASSTHROUGH_TRANSLATED, PASSTHROUGH_VERBATIM
@@ -41,6 +43,7 @@ from gateway.protocols.base import UpstreamClient
 from gateway.protocols.umbridge import codec, passthrough
 from gateway.protocols.umbridge.mapping import umbridge_metadata
 from gateway.protocols.umbridge.options import UpstreamOptions, parse_upstream_options
+from gateway.runtime.services import GatewayServices
 from gateway.runtime.tls import http_client_tls
 from gateway.transport.http_client.pool import UpstreamHttp
 
@@ -55,8 +58,8 @@ class UmbridgeClient(UpstreamClient):
     def parse_options(cls, node: Node) -> UpstreamOptions:
         return parse_upstream_options(node)
 
-    def __init__(self, *args: Any) -> None:
-        super().__init__(*args)
+    def __init__(self, upstream: UpstreamConfig, endpoint: Address | None, services: GatewayServices) -> None:
+        super().__init__(upstream, endpoint, services)
         self.options: UpstreamOptions = self.upstream.options or UpstreamOptions()
         self.http: UpstreamHttp | None = None
         self._info: TtlCache[list[str]] = TtlCache(self.options.metadata_ttl)
@@ -215,7 +218,7 @@ class UmbridgeClient(UpstreamClient):
                                       PASSTHROUGH_REQUEST_ONLY if forwarded else PASSTHROUGH_TRANSLATED)
         return response
 
-    async def call_operation(self, operation: str, request: Any, ctx: RequestContext) -> Any:
+    async def call_operation(self, operation: str, request: OperationRequest, ctx: RequestContext) -> Any:
         if not isinstance(request, OperationRequest):
             return await super().call_operation(operation, request, ctx)
         inner = request.request
