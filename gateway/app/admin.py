@@ -12,7 +12,8 @@ import dataclasses
 import ipaddress
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Protocol
 
 from aiohttp import web
 
@@ -31,6 +32,15 @@ from gateway.runtime.services import GatewayServices
 from gateway.transport.http_server.body import accepted_coding
 
 
+@dataclass(frozen=True)
+class ReloadResult:
+    """How a reload went (POST /reload answers it)."""
+
+    ok: bool
+    problems: tuple[str, ...] = ()
+    source: str = ""
+
+
 class Administered(Protocol):
     """What the admin listener reads and drives (gateway.app.server.Gateway,
     which hands itself over: the admin never imports the server)."""
@@ -40,8 +50,8 @@ class Administered(Protocol):
     counters: Counters
     dataplane: DataPlane
 
-    async def reload(self) -> Any:
-        """Re-read the configuration; a server.ReloadResult (ok, source, problems)."""
+    async def reload(self) -> ReloadResult:
+        """Re-read the configuration."""
 
 
 log = logging.getLogger(__name__)
