@@ -103,7 +103,7 @@ def sequence_key(request: InferRequest) -> Hashable:
 
 
 class StreamHost(Protocol):
-    """What a session needs of its listener (frontend.V2GrpcFrontend)."""
+    """What a session needs of its frontend (frontend.V2GrpcFrontend)."""
 
     services: GatewayServices
     dataplane: DataPlaneApi

@@ -112,7 +112,7 @@ class FastRoutes:
 
 @dataclass
 class FastListener:
-    """What the fast protocol needs of its listener (an HttpFrontend)."""
+    """One listener as the fast protocol serves it (made by the listener's HttpFrontend)."""
 
     name: str
     protocol: str
