@@ -26,7 +26,7 @@ with atheris.instrument_imports(include=["gateway"]):
     from gateway.config.limits import Limits
     from gateway.core.errors import GatewayError
     from gateway.core.graphtensors import EDGE_TASKS, NODE_TASKS
-    from gateway.core.limits import TensorBudget, check_json_depth
+    from gateway.core.limits import TensorAllowance, check_json_depth
     from gateway.core.types import TensorSpec
     from gateway.protocols.graphstorm import codec as graphstorm
     from gateway.protocols.graphstorm.schema import parse_schema
@@ -96,7 +96,7 @@ V1_SPECS = ((), (TensorSpec("a", "INT32", (-1, 2)), TensorSpec("b", "BYTES", (-1
 def _v1_decoded(data: bytes, specs: tuple[TensorSpec, ...], fast_min_bytes: int) -> Any:
     """The decoded request's tensors (name, datatype, shape, values), or its error message."""
     try:
-        predict = v1_rest.decode_predict(data, specs, TensorBudget.of(LIMITS), fast_min_bytes)
+        predict = v1_rest.decode_predict(data, specs, TensorAllowance.of(LIMITS), fast_min_bytes)
     except GatewayError as error:
         return error.message
     return predict, [(t.name, t.datatype, t.shape, t.data.tolist()) for t in predict.inputs]

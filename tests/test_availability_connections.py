@@ -1,4 +1,4 @@
-"""Connections and HTTP-level refusals (issue 15): idle keep-alive
+"""Connections and HTTP-level refusals: idle keep-alive
 connections make room for new ones, the open-file limit is raised and its
 exhaustion logged, `100 Continue` comes after the early refusals, and
 malformed-HTTP errors quote nothing the client sent.

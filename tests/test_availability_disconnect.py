@@ -1,4 +1,4 @@
-"""Issue 15, items 3, 4 and 8 (in part): a client that hangs up is let go,
+"""A client that hangs up is let go,
 one hung upstream cannot starve the others on a listener, and client-facing
 errors name the upstream cluster, never an endpoint address.
 

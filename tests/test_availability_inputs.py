@@ -1,5 +1,5 @@
 """Every hostile input is answered in the protocol's own error form and
-logged (issue 15, item 7): JSON only Python's json reads (lone surrogates,
+logged: JSON only Python's json reads (lone surrogates,
 integers beyond 64 bits next to NaN), non-UTF-8 header bytes on every
 listener, shapes numpy cannot hold, duplicate JSON keys on a pass-through,
 and decode errors under the URL's model label.

@@ -1,4 +1,4 @@
-"""Logs never block serving (issue 15): a stuck access-log or stderr sink
+"""Logs never block serving: a stuck access-log or stderr sink
 costs dropped, counted lines; SIGUSR1 reopens the access-log file
 (logrotate); the event loop's lag is measured on /metrics."""
 

@@ -1,7 +1,7 @@
-"""Issue 15's stall test: while three clients each send the worst body the
+"""The stall test: while three clients each send the worst body the
 default limits admit, every listener's health probe and a small infer on
 another connection are answered promptly, and memory stays bounded; on
-both HTTP servers (issue 16: the fast path and aiohttp alone).
+both HTTP servers (the fast path, and aiohttp alone).
 
 The recipe (tests/peers/stall_attack.py) is the one docs/security.md quotes;
 ``python -m peers.stall_attack`` prints the same figures for a longer run.

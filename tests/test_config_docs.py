@@ -123,7 +123,7 @@ def test_examples_exist_for_each_feature() -> None:
     names = {path.stem for path in EXAMPLES}
     assert {"routing", "canary-split", "retries-and-timeouts", "mirroring", "header-forwarding",
             "load-balancing", "health-and-outliers", "circuit-breaking", "kubernetes",
-            # what users ask for (issue 19)
+            # what users ask for
             "tls-and-mtls", "per-listener-auth", "umbridge-to-v2", "graphstorm-bridge",
             "tritonclient-to-mlserver", "v1-bridge"} <= names
 

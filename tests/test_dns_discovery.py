@@ -1,5 +1,5 @@
-"""DNS discovery of upstream endpoints (issue 19, "Upstreams behind a
-Kubernetes Service"), over real sockets.
+"""DNS discovery of upstream endpoints (upstreams behind a Kubernetes
+Service), over real sockets.
 
 A tiny DNS server (tests/peers/dns_server.py, its own process, real DNS over
 UDP) answers for ``models.test`` from a file each test rewrites; V2 servers

@@ -1,5 +1,5 @@
-"""Docs that name a metric name one the gateway exports (issue 19: docs and
-code disagreed where nobody checked). Every `gateway_*` name in the docs
+"""Docs that name a metric name one the gateway exports (docs and
+code disagree where nobody checks). Every `gateway_*` name in the docs
 (and the deploy files: alerts, dashboards) must be a family the metrics
 module registers, or one of its sample names."""
 
@@ -89,7 +89,7 @@ def queries() -> dict[str, list[str]]:
 
 def test_every_label_the_queries_use_is_on_their_metrics() -> None:
     """A query grouping or filtering by a label its metric does not carry
-    silently finds nothing (issue 19: labels were dropped from histograms)."""
+    silently finds nothing (as when labels are dropped from histograms)."""
     declared = label_names()
     wrong: list[str] = []
     for source, exprs in queries().items():

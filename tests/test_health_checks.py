@@ -1,4 +1,4 @@
-"""Active health checks through every real upstream adapter (issue 6): V2
+"""Active health checks through every real upstream adapter: V2
 REST (``/v2/health/ready``) and V2 gRPC (``ServerReady``) against a second
 gateway process, UM-Bridge (``/Info``) against the umbridge package's
 server, GraphStorm (``/ping``) against the stand-in endpoint.

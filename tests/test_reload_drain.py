@@ -130,7 +130,7 @@ async def test_reload_under_load_switches_atomically_and_rejects_bad_files(tmp_p
     assert reloads["successes_total"] == 2 and reloads["failures_total"] == 2
     assert reloads["last_success_time"] > reloads["last_failure_time"] > 0
     assert "reload rejected, the running configuration keeps serving" in log
-    # The same on /metrics (issue 7).
+    # The same on /metrics.
     assert metric_value(after_failures, "gateway_config_reloads_total", result="success") == 1
     assert metric_value(after_failures, "gateway_config_reloads_total", result="failure") == 2
     assert metric_value(after_failures, "gateway_config_last_reload_successful") == 0

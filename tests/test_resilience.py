@@ -172,7 +172,7 @@ async def test_per_try_timeout_retries_on_the_other_endpoint(gateway: GatewayPro
     assert after["retries_total"] - before["retries_total"] == timed_out
     assert sum(1 for r in results if r.elapsed >= 0.2) >= timed_out  # a retried one waited its 200ms
 
-    # The same events on /metrics (issue 7).
+    # The same events on /metrics.
     def moved(metric: str, **labels: str) -> float:
         return metric_value(scraped_after, metric, **labels) - metric_value(scraped_before, metric, **labels)
 
@@ -377,7 +377,7 @@ upstreams:
         name, victim = f"pair-{wire}", final[wire]["endpoints"][1]["counters"]
         assert victim["ejections_total"] >= 1
         assert final[wire]["counters"]["retries_total"] >= 1
-        # The same events on /metrics (issue 7).
+        # The same events on /metrics.
         b_address, a_address = b.address_for(protocol), a.address_for(protocol)
         assert metric_value(at_end, "gateway_outlier_ejections_total", upstream=name, endpoint=b_address) \
             == victim["ejections_total"]

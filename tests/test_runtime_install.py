@@ -1,4 +1,4 @@
-"""`make run` installs the runtime only (issue 19): the gateway must start
+"""`make run` installs the runtime only: the gateway must start
 and serve every protocol without any package of the test extras. The
 gateway runs here with an import hook that refuses those packages, so a
 runtime import of one (say, a helper that pulls in tritonclient) fails this

@@ -443,7 +443,7 @@ def test_conformity_checks_pass_on_the_reference_server(peer: UmbridgePeer) -> N
     assert check_conformity(f"http://{peer.address}", "evaluate_only") == ["Evaluate"]
 
 
-# --- the repository index through a UM-Bridge upstream (issue 10) ---------------------------
+# --- the repository index through a UM-Bridge upstream ------------------------------------
 
 PEER_MODELS = {"gradient_only", "square", "evaluate_only", "nonfinite", "broken", "slow"}
 

@@ -1,6 +1,6 @@
 """UM-Bridge -> UM-Bridge pass-through: a client's Evaluate goes upstream as
 the bytes it sent and the upstream's answer comes back as the bytes it
-sent, once both are checked (issue 16, scenario e).
+sent, once both are checked (bench scenario e measures it).
 
 The gateway runs in its own process. Upstreams: the reference server
 (``umbridge.serve_models``, peers/umbridge_peer.py) and a stand-in that

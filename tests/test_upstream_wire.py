@@ -1,5 +1,5 @@
 """What the gateway sends upstream, seen by the upstream: the client's gRPC
-deadline (issue 6) and the W3C trace context (issue 7), through the real
+deadline and the W3C trace context, through the real
 V2 REST and V2 gRPC upstream clients.
 
 The gateway runs in its own process; the upstream is the recorder of
@@ -60,7 +60,7 @@ def grpc_infer(gw: GatewayProcess, model: str, headers: dict[str, str], client_t
         client.infer(model, [item], headers=headers, client_timeout=client_timeout)
 
 
-# --- deadlines (issue 6) -------------------------------------------------------------
+# --- deadlines ----------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("hop", ["grpc", "rest"])
@@ -97,7 +97,7 @@ def test_no_deadline_without_client_deadline_or_timeout(gateway: GatewayProcess,
     assert recorder.call_with("x-request-id", "no-deadline")["time_remaining"] is None
 
 
-# --- trace context (issue 7) -----------------------------------------------------------
+# --- trace context ----------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("hop", ["rest", "grpc"])

@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 from gateway.core.errors import ErrorKind, GatewayError
-from gateway.core.limits import TensorBudget
+from gateway.core.limits import TensorAllowance
 from gateway.core.tensors import float_to_bf16
 from gateway.core.types import Tensor, TensorSpec
 from gateway.protocols.v1_rest import codec, upstream_codec
@@ -19,15 +19,15 @@ from gateway.protocols.v1_rest import codec, upstream_codec
 SPECS = (TensorSpec("a", "INT32", (-1, 2)), TensorSpec("b", "BYTES", (-1,)))
 
 
-def budget(max_elements: int = 1 << 20, max_bytes_element: int = 1 << 16) -> TensorBudget:
-    return TensorBudget(max_elements, max_elements, 64 << 20, max_bytes_element)
+def allowance(max_elements: int = 1 << 20, max_bytes_element: int = 1 << 16) -> TensorAllowance:
+    return TensorAllowance(max_elements, max_elements, 64 << 20, max_bytes_element)
 
 
-def decode(body: Any, specs: tuple[TensorSpec, ...] = (), limit: TensorBudget | None = None) -> codec.Predict:
-    return codec.decode_predict(orjson.dumps(body), specs, limit or budget())
+def decode(body: Any, specs: tuple[TensorSpec, ...] = (), limit: TensorAllowance | None = None) -> codec.Predict:
+    return codec.decode_predict(orjson.dumps(body), specs, limit or allowance())
 
 
-def refused(body: Any, specs: tuple[TensorSpec, ...] = (), limit: TensorBudget | None = None) -> GatewayError:
+def refused(body: Any, specs: tuple[TensorSpec, ...] = (), limit: TensorAllowance | None = None) -> GatewayError:
     with pytest.raises(GatewayError) as info:
         decode(body, specs, limit)
     return info.value
@@ -84,8 +84,8 @@ def test_refusals(body: Any, specs: tuple[TensorSpec, ...], kind: ErrorKind, wor
 
 
 def test_limits_hold_before_arrays_are_made() -> None:
-    assert refused({"inputs": [0] * 11}, (), budget(max_elements=10)).kind is ErrorKind.TOO_LARGE
-    assert refused({"inputs": ["x" * 11]}, (), budget(max_bytes_element=10)).kind is ErrorKind.TOO_LARGE
+    assert refused({"inputs": [0] * 11}, (), allowance(max_elements=10)).kind is ErrorKind.TOO_LARGE
+    assert refused({"inputs": ["x" * 11]}, (), allowance(max_bytes_element=10)).kind is ErrorKind.TOO_LARGE
     deep: Any = 0
     for _ in range(40):
         deep = [deep]

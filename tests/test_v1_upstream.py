@@ -28,7 +28,7 @@ from gateway.app.configure import parse_config
 from gateway.config.address import parse_address
 from gateway.config.node import ConfigError, Node
 from gateway.core.errors import ErrorKind, GatewayError
-from gateway.core.types import ExtensionRequest, InferRequest, RawPayload, RequestContext, Tensor, TensorSpec
+from gateway.core.types import InferRequest, OperationRequest, RawPayload, RequestContext, Tensor, TensorSpec
 from gateway.protocols.v1_rest import EXPLAIN_OPERATION
 from gateway.protocols.v1_rest import upstream_codec as codec
 from gateway.protocols.v1_rest.backend import V1RestClient
@@ -439,7 +439,7 @@ def test_upstream_key_errors(keys: dict[str, object], problem: str) -> None:
     assert problem in str(info.value)
 
 
-# --- :explain, as a V1 listener asks it (call_extension) ------------------------------------------
+# --- :explain, as a V1 listener asks it (call_operation) ------------------------------------------
 
 
 @pytest.fixture
@@ -455,18 +455,18 @@ async def v1_client(kserve: KServePeer) -> AsyncIterator[V1RestClient]:  # noqa:
 
 async def test_explain_is_forwarded(v1_client: V1RestClient) -> None:
     ctx = RequestContext("rest", "v2-rest")
-    assert EXPLAIN_OPERATION in v1_client.extensions
+    assert EXPLAIN_OPERATION in v1_client.operations
     request = InferRequest("labeller", inputs=[Tensor.from_numpy("x", np.array([[1, 2], [30, 4]]))])
-    answer = await v1_client.call_extension(EXPLAIN_OPERATION, ExtensionRequest(request), ctx)
+    answer = await v1_client.call_operation(EXPLAIN_OPERATION, OperationRequest(request), ctx)
     assert isinstance(answer, RawPayload)
     assert orjson.loads(answer.body) == {"explanations": [{"total": 3, "threshold": 10},
                                                            {"total": 34, "threshold": 10}]}
     raw = RawPayload("v1-rest", b'{"instances": [[5, 6]]}')
-    forwarded = await v1_client.call_extension(EXPLAIN_OPERATION, ExtensionRequest(
+    forwarded = await v1_client.call_operation(EXPLAIN_OPERATION, OperationRequest(
         InferRequest("labeller", raw=raw)), ctx)
     assert orjson.loads(forwarded.body) == {"explanations": [{"total": 11, "threshold": 10}]}
     with pytest.raises(GatewayError) as info:  # no explainer: KServe's 501
-        await v1_client.call_extension(EXPLAIN_OPERATION, ExtensionRequest(
+        await v1_client.call_operation(EXPLAIN_OPERATION, OperationRequest(
             InferRequest("doubler", inputs=request.inputs)), ctx)
     assert info.value.kind is ErrorKind.UNSUPPORTED
 

@@ -1,5 +1,5 @@
 """V2 REST -> V2 REST pass-through: the client's bytes go upstream unchanged
-and the upstream's bytes come back unchanged (issue #8).
+and the upstream's bytes come back unchanged.
 
 The gateway runs in its own process; the upstreams are recording stand-ins
 (peers/rest_standin.py: no real server reports the bytes it got or

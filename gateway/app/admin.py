@@ -12,7 +12,8 @@ import dataclasses
 import ipaddress
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Protocol
 
 from aiohttp import web
 
@@ -31,6 +32,15 @@ from gateway.runtime.services import GatewayServices
 from gateway.transport.http_server.body import accepted_coding
 
 
+@dataclass(frozen=True)
+class ReloadResult:
+    """How a reload went (POST /reload answers it)."""
+
+    ok: bool
+    problems: tuple[str, ...] = ()
+    source: str = ""
+
+
 class Administered(Protocol):
     """What the admin listener reads and drives (gateway.app.server.Gateway,
     which hands itself over: the admin never imports the server)."""
@@ -40,8 +50,8 @@ class Administered(Protocol):
     counters: Counters
     dataplane: DataPlane
 
-    async def reload(self) -> Any:
-        """Re-read the configuration; a server.ReloadResult (ok, source, problems)."""
+    async def reload(self) -> ReloadResult:
+        """Re-read the configuration."""
 
 
 log = logging.getLogger(__name__)
@@ -174,8 +184,8 @@ async def start_admin(gateway: Administered, address: Address) -> tuple[web.AppR
     site = web.TCPSite(runner, address.host, address.port, reuse_address=True,
                        reuse_port=gateway.services.reuse_port or None)
     await site.start()
-    sockets = getattr(site._server, "sockets", None) or []
-    port = sockets[0].getsockname()[1] if sockets else address.port
+    bound = runner.addresses
+    port = bound[0][1] if bound else address.port
     log.info("admin on %s:%d", address.host, port)
     if not is_loopback(address.host):
         log.warning("the admin listener on %s is reachable from other hosts: /config and /metrics are "

@@ -9,14 +9,13 @@ import os
 import signal
 import ssl
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from gateway import __version__
-from gateway.app.admin import ADMIN_AUTH, start_admin
+from gateway.app.admin import ADMIN_AUTH, ReloadResult, start_admin
 from gateway.app.configure import load_config
 from gateway.config.auth import CredentialConfig
 from gateway.config.model import GatewayConfig
@@ -53,13 +52,6 @@ def build_metrics(config: GatewayConfig, version: str, registry: CollectorRegist
         metrics.declare_upstream(upstream.name, [str(e) for e in upstream.endpoints])
     metrics.record_config_loaded()
     return metrics
-
-
-@dataclass(frozen=True)
-class ReloadResult:
-    ok: bool
-    problems: tuple[str, ...] = ()
-    source: str = ""
 
 
 def restart_needed(running: GatewayConfig, new: GatewayConfig) -> list[str]:

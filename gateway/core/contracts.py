@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from gateway.core.types import InferRequest, InferResponse, ModelMetadata, RequestContext
+from gateway.core.types import InferRequest, InferResponse, ModelMetadata, OperationRequest, RequestContext
 
 
 @dataclass(slots=True)
@@ -31,8 +31,8 @@ class Backend(Protocol):
     the data plane calls (gateway.protocols.base.UpstreamClient has the
     documentation of each call and the defaults)."""
 
-    # Operations call_extension answers (names in gateway.core.types).
-    extensions: frozenset[str]
+    # Operations call_operation answers (names in gateway.core.types).
+    operations: frozenset[str]
 
     @property
     def label(self) -> str: ...
@@ -62,4 +62,4 @@ class Backend(Protocol):
 
     async def health_check(self, ctx: RequestContext) -> bool: ...
 
-    async def call_extension(self, operation: str, request: Any, ctx: RequestContext) -> Any: ...
+    async def call_operation(self, operation: str, request: OperationRequest, ctx: RequestContext) -> Any: ...

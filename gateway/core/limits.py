@@ -1,6 +1,6 @@
 """Per-request limits that codecs apply while decoding (no transport here).
 
-:class:`TensorBudget` bounds what one request's tensors may take in total,
+:class:`TensorAllowance` bounds what one request's tensors may take in total,
 checked from declared shapes before any tensor data is allocated.
 :func:`check_json_depth` bounds JSON nesting before a body is parsed.
 Listener-level limits (connections, concurrent requests, headers, read
@@ -43,7 +43,7 @@ class TensorLimits(Protocol):
     def max_bytes_element(self) -> int: ...
 
 
-class TensorBudget:
+class TensorAllowance:
     """What one request's tensors may take together.
 
     ``claim`` runs once per tensor when its datatype and shape are known and
@@ -68,12 +68,12 @@ class TensorBudget:
         self.charge = charge
 
     @classmethod
-    def of(cls, limits: TensorLimits, charge: Callable[[int], None] | None = None) -> TensorBudget:
+    def of(cls, limits: TensorLimits, charge: Callable[[int], None] | None = None) -> TensorAllowance:
         return cls(limits.max_tensor_elements, limits.max_request_elements, limits.max_request_tensor_bytes,
                    limits.max_bytes_element, charge)
 
     @classmethod
-    def unlimited(cls, max_tensor_elements: int) -> TensorBudget:
+    def unlimited(cls, max_tensor_elements: int) -> TensorAllowance:
         """Only the per-tensor bound (for upstream replies, which
         ``max_response_bytes`` bounds as a whole)."""
         huge = 1 << 62

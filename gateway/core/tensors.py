@@ -23,7 +23,7 @@ import orjson
 import simdjson
 
 from gateway.core.errors import invalid, malformed, too_large
-from gateway.core.limits import BYTES_PREFIX, TensorBudget, whole_bytes
+from gateway.core.limits import BYTES_PREFIX, TensorAllowance, whole_bytes
 from gateway.core.types import ELEMENT_SIZE, NUMPY_DTYPES, Tensor, element_count
 
 _INT_KINDS = "iu"
@@ -107,7 +107,7 @@ def check_json_count(data: list[Any] | JsonNumbers, shape: list[Any], where: str
 
 
 def array_from_json(data: Any, datatype: str, shape: tuple[int, ...], count: int, where: str,
-                    budget: TensorBudget | None = None) -> np.ndarray:
+                    allowance: TensorAllowance | None = None) -> np.ndarray:
     """JSON ``data`` (flat or nested, row-major, or read by
     :func:`read_json_fast`) as an array of ``shape``."""
     if isinstance(data, JsonNumbers):  # what np.array(data) gives, already made
@@ -118,8 +118,8 @@ def array_from_json(data: Any, datatype: str, shape: tuple[int, ...], count: int
         items = _bytes_from_json(data, where)
         if len(items) != count:
             raise invalid(f"{where}: has {len(items)} data elements but shape {list(shape)} needs {count}")
-        if budget is not None:
-            budget.claim_bytes_items(items, where)
+        if allowance is not None:
+            allowance.claim_bytes_items(items, where)
         array = np.empty(count, dtype=object)
         array[:] = items
         return array.reshape(shape)
@@ -133,14 +133,14 @@ def array_from_json(data: Any, datatype: str, shape: tuple[int, ...], count: int
 
 
 def check_json_data(data: Any, datatype: str, shape: tuple[int, ...], count: int, where: str,
-                    budget: TensorBudget | None = None) -> np.ndarray:
+                    allowance: TensorAllowance | None = None) -> np.ndarray:
     """:func:`array_from_json`'s checks and errors, for data that is only
     checked: a small list plainly valid for ``datatype`` is not made an
     array, an empty one of its dtype stands for it."""
     if (isinstance(data, list) and 0 < count == len(data) <= _SMALL_LIST_MAX and datatype != "BYTES"
             and _plainly_valid(data, datatype)):
         return np.empty(0, dtype=NUMPY_DTYPES[datatype])
-    return array_from_json(data, datatype, shape, count, where, budget)
+    return array_from_json(data, datatype, shape, count, where, allowance)
 
 
 def _plainly_valid(data: list[Any], datatype: str) -> bool:
@@ -302,12 +302,12 @@ def array_to_json(tensor: Tensor) -> Any:
 
 
 def array_from_raw(buffer: memoryview, datatype: str, shape: tuple[int, ...], count: int, where: str,
-                   budget: TensorBudget | None = None) -> np.ndarray:
+                   allowance: TensorAllowance | None = None) -> np.ndarray:
     """Raw little-endian bytes (zero-copy view) or length-prefixed BYTES."""
     if datatype == "BYTES":
-        if budget is not None:  # the prefixes were claimed with the shape; now the payload
-            budget.add_bytes(max(0, len(buffer) - BYTES_PREFIX * count), where)
-        return bytes_from_raw(buffer, shape, count, where, budget.max_bytes_element if budget else None)
+        if allowance is not None:  # the prefixes were claimed with the shape; now the payload
+            allowance.add_bytes(max(0, len(buffer) - BYTES_PREFIX * count), where)
+        return bytes_from_raw(buffer, shape, count, where, allowance.max_bytes_element if allowance else None)
     expected = count * ELEMENT_SIZE[datatype]
     if len(buffer) != expected:
         raise invalid(f"{where}: has {len(buffer)} bytes of data but shape {list(shape)} of "

@@ -318,7 +318,7 @@ class RequestContext:
 
 # --- operations beyond infer ---------------------------------------------------
 
-# Operation names for UpstreamClient.call_extension (via DataPlane.call_extension).
+# Operation names for UpstreamClient.call_operation (via DataPlane.call_operation).
 # An upstream that does not offer one raises UNSUPPORTED (the base class does).
 DERIVATIVE_OPERATION = "derivative"  # arguments: Derivative -> 1-D float64 ndarray
 # Metadata for the request's parameters (UM-Bridge sizes may depend on
@@ -378,8 +378,8 @@ class Derivative:
 
 
 @dataclass(slots=True)
-class ExtensionRequest:
-    """What an upstream's call_extension receives: the routed request (model
+class OperationRequest:
+    """What an upstream's call_operation receives: the routed request (model
     name and version already rewritten) and the operation's own arguments."""
 
     request: InferRequest

@@ -46,7 +46,7 @@ from gateway.core.errors import ErrorKind, GatewayError, bounded
 from gateway.core.record import REQUEST_ID_HEADER, RequestRecord
 from gateway.core.types import InferRequest, InferResponse, RequestContext, Tensor
 from gateway.dataplane.routing import ALWAYS_FORWARDED
-from gateway.runtime.budget import InflightBudget
+from gateway.runtime.budget import InflightBudget, Reservation
 from gateway.runtime.offload import Offloader
 
 # Sends one request upstream for the members given (their contexts carry the
@@ -156,7 +156,7 @@ class Member:
 
     request: InferRequest
     rows: int
-    context: Any  # the caller's, handed back to ``send`` (the request's RequestContext)
+    context: RequestContext  # the caller's, handed back to ``send``
     arrived: float
     future: asyncio.Future[InferResponse]
     queue: _Queue | None = None  # while waiting to be sent
@@ -202,7 +202,7 @@ class Batcher:
         self.queued = 0  # members waiting, over all queues (max_queue)
         self._tasks: set[asyncio.Task[None]] = set()
 
-    async def infer(self, request: InferRequest, context: Any, extra_key: Hashable = ()) -> InferResponse:
+    async def infer(self, request: InferRequest, context: RequestContext, extra_key: Hashable = ()) -> InferResponse:
         """``request``'s answer, sent in a batch when it can join one. The
         caller bounds the wait (its deadline); a cancelled or timed-out
         member leaves its queue, or has its share discarded once sent."""
@@ -222,7 +222,7 @@ class Batcher:
         finally:
             self._leave(member)
 
-    async def _alone(self, request: InferRequest, context: Any, rows: int) -> InferResponse:
+    async def _alone(self, request: InferRequest, context: RequestContext, rows: int) -> InferResponse:
         member = Member(request, rows, context, self._clock(), asyncio.get_running_loop().create_future())
         member.batch_id = new_batch_id()
         if rows:
@@ -346,7 +346,7 @@ class Batcher:
         shares = _shares(batch.inputs, [m.rows for m in members])
         await asyncio.gather(*(alone(m, inputs) for m, inputs in zip(members, shares, strict=True)))
 
-    async def _batch_request(self, members: list[Member], batch_id: str, held: Any) -> InferRequest:
+    async def _batch_request(self, members: list[Member], batch_id: str, held: Reservation | None) -> InferRequest:
         first = members[0].request
         if len(members) == 1:
             return first  # alone after all: its own request, raw bytes and all

@@ -35,16 +35,16 @@ from gateway.core.errors import (
 from gateway.core.modelnames import check_model
 from gateway.core.record import RequestRecord
 from gateway.core.types import (
-    ExtensionRequest,
     InferRequest,
     InferResponse,
     ModelMetadata,
+    OperationRequest,
     RequestContext,
     UpstreamAttempt,
 )
 from gateway.dataplane.affinity import SequencePins, SequenceStep, sequence_step
 from gateway.dataplane.batching import Batcher, Member, batch_context, compatibility, share_facts
-from gateway.dataplane.cluster.cluster import Backends, ClientFactory, Cluster
+from gateway.dataplane.cluster.cluster import Backends, ClientFactory, Cluster, Lease
 from gateway.dataplane.cluster.endpoint import Endpoint
 from gateway.dataplane.filters import registry as filter_registry
 from gateway.dataplane.filters.base import INFER, STREAM, Filter, FilterCall, FilterChain
@@ -53,6 +53,7 @@ from gateway.dataplane.routing import NO_FRAMING_HEADERS, FramingHeaders, Route,
 from gateway.observability.counters import Counters, Event
 from gateway.observability.metrics import metrics_hook, metrics_of
 from gateway.observability.statistics import batch_size
+from gateway.runtime.services import GatewayServices
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -99,7 +100,7 @@ class Generation:
 
 
 class DataPlane:
-    def __init__(self, config: GatewayConfig, services: Any, counters: Counters | None = None, *,
+    def __init__(self, config: GatewayConfig, services: GatewayServices, counters: Counters | None = None, *,
                  backends: Backends | None = None, client_factory: ClientFactory | None = None,
                  framing_headers: FramingHeaders = NO_FRAMING_HEADERS, clock: Callable[[], float] = time.monotonic,
                  rng: random.Random | None = None) -> None:
@@ -133,7 +134,7 @@ class DataPlane:
 
     # --- lifecycle ----------------------------------------------------------
 
-    def _build(self, config: GatewayConfig, services: Any, reuse: dict[str, Cluster],
+    def _build(self, config: GatewayConfig, services: GatewayServices, reuse: dict[str, Cluster],
                reuse_filters: dict[str, Filter]) -> Generation:
         """Routes, clusters and filters for ``config``; an upstream whose
         config did not change keeps its cluster (health, ejections,
@@ -168,7 +169,7 @@ class DataPlane:
         for step in filters.values():
             await _close_filter(step)
 
-    async def swap(self, config: GatewayConfig, services: Any) -> None:
+    async def swap(self, config: GatewayConfig, services: GatewayServices) -> None:
         """Build and start routes and clusters for ``config`` and switch to
         them at once. Requests in flight finish on the old ones, which are
         closed when the last of them is done. Raises if a new cluster cannot
@@ -399,7 +400,7 @@ class DataPlane:
             self._spawn(self._mirror(generation, cluster, lease, request, shadow_ctx, timeout),
                         f"mirror to {cluster.name}")
 
-    async def _mirror(self, generation: Generation, cluster: Cluster, lease: Any, request: InferRequest,
+    async def _mirror(self, generation: Generation, cluster: Cluster, lease: Lease, request: InferRequest,
                       ctx: RequestContext, timeout: float) -> None:
         try:
             async with asyncio.timeout(timeout):
@@ -585,10 +586,10 @@ class DataPlane:
 
     def offers(self, route: Route, operation: str) -> bool:
         """Whether every upstream the route sends to (a split has several)
-        answers ``operation`` through call_extension (the others raise
+        answers ``operation`` through call_operation (the others raise
         UNSUPPORTED for it)."""
         clusters = self.clusters
-        return all(operation in clusters[name].clients[0].extensions for name in route.upstreams)
+        return all(operation in clusters[name].clients[0].operations for name in route.upstreams)
 
     def relays(self, route: Route, protocol: str) -> bool:
         """Whether an upstream of ``route`` speaks ``protocol`` with its
@@ -604,18 +605,18 @@ class DataPlane:
         config = self.clusters[upstream].config
         return config.protocol == protocol and config.passthrough
 
-    async def call_extension(self, operation: str, request: InferRequest, ctx: RequestContext,
+    async def call_operation(self, operation: str, request: InferRequest, ctx: RequestContext,
                              arguments: Any = None) -> Any:
         """An operation beyond infer (e.g. ``DERIVATIVE_OPERATION``), routed and
-        rewritten exactly like infer; the upstream client's ``call_extension``
+        rewritten exactly like infer; the upstream client's ``call_operation``
         answers it or raises UNSUPPORTED."""
         generation = self._current
         with generation.use():
             route = self._resolve(generation, request.model_name, request.model_version, ctx)
             model, version = self._target(route, request.model_name, request.model_version)
-            routed = ExtensionRequest(dataclasses.replace(request, model_name=model, model_version=version),
+            routed = OperationRequest(dataclasses.replace(request, model_name=model, model_version=version),
                                       arguments)
-            return await self._call(generation, route, ctx, lambda c: c.call_extension(operation, routed, ctx))
+            return await self._call(generation, route, ctx, lambda c: c.call_operation(operation, routed, ctx))
 
     async def server_ready(self, ctx: RequestContext) -> bool:
         """False while draining; else as ``readiness.upstreams`` says: whether

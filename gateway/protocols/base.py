@@ -21,8 +21,9 @@ from gateway.config.node import Node
 from gateway.config.tls import CLIENT_AUTH_MODES
 from gateway.core.contracts import StreamedResponse
 from gateway.core.errors import unsupported
-from gateway.core.types import InferRequest, InferResponse, ModelMetadata, RequestContext
-from gateway.runtime.auth import credential_headers
+from gateway.core.types import InferRequest, InferResponse, ModelMetadata, OperationRequest, RequestContext
+from gateway.runtime.auth import Authenticator, credential_headers
+from gateway.runtime.tls import ServerTls
 
 if TYPE_CHECKING:
     from gateway.config.address import Address
@@ -49,7 +50,7 @@ class DataPlaneApi(Protocol):
         """The route for a request whose body is not read yet (MODEL_NOT_FOUND now if none)."""
 
     def offers(self, route: Route, operation: str) -> bool:
-        """Whether every upstream of ``route`` answers ``operation`` (call_extension)."""
+        """Whether every upstream of ``route`` answers ``operation`` (call_operation)."""
 
     def relays(self, route: Route, protocol: str) -> bool:
         """Whether an upstream of ``route`` speaks ``protocol`` and takes a
@@ -74,7 +75,7 @@ class DataPlaneApi(Protocol):
 
     async def list_models(self, ctx: RequestContext) -> list[str]: ...
 
-    async def call_extension(self, operation: str, request: InferRequest, ctx: RequestContext,
+    async def call_operation(self, operation: str, request: InferRequest, ctx: RequestContext,
                              arguments: Any = None) -> Any: ...
 
 
@@ -112,10 +113,9 @@ class Frontend(abc.ABC):
     async def stop(self, grace: float) -> None:
         """Stop accepting, let in-flight requests finish within ``grace`` s."""
 
-    # The listener's TLS material (a gateway.runtime.tls.ServerTls) and token
-    # checker (gateway.runtime.auth.Authenticator), when it has them: set at start.
-    _tls: Any = None
-    _authenticator: Any = None
+    # The listener's TLS material and token checker, when it has them: set at start.
+    _tls: ServerTls | None = None
+    _authenticator: Authenticator | None = None
 
     def reload_security(self, listener: ListenerConfig) -> None:
         """Re-read this listener's certificate and token files (for a
@@ -131,9 +131,9 @@ class UpstreamClient(abc.ABC):
     """Speaks an upstream's protocol to one endpoint (or in-process); a
     gateway.core.contracts.Backend, the data plane's view of it."""
 
-    # Operations call_extension answers (names in gateway.core.types); callers
+    # Operations call_operation answers (names in gateway.core.types); callers
     # ask DataPlane.offers before promising them to a client.
-    extensions: frozenset[str] = frozenset()
+    operations: frozenset[str] = frozenset()
 
     def __init__(self, upstream: UpstreamConfig, endpoint: Address | None, services: GatewayServices) -> None:
         self.upstream = upstream
@@ -219,6 +219,6 @@ class UpstreamClient(abc.ABC):
         /Info, GraphStorm /ping). ``ctx.deadline`` bounds the call."""
         return await self.server_ready(ctx)
 
-    async def call_extension(self, operation: str, request: Any, ctx: RequestContext) -> Any:
+    async def call_operation(self, operation: str, request: OperationRequest, ctx: RequestContext) -> Any:
         """Protocol-specific operations (e.g. UM-Bridge derivatives)."""
         raise unsupported(f"upstream '{self.upstream.name}' does not support {operation}")

@@ -7,11 +7,10 @@ from __future__ import annotations
 import abc
 import asyncio
 import logging
-import socket
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from gateway.core.errors import ErrorKind, GatewayError
 from gateway.protocols.base import Frontend
@@ -152,7 +151,7 @@ class HttpFrontend(Frontend):
         body = await self.read_buffer(request)
         return body if isinstance(body, bytes) else bytes(body)
 
-    def new_app(self, middlewares: list[Callable[..., Awaitable[Any]]]) -> web.Application:
+    def new_app(self, middlewares: list[Middleware]) -> web.Application:
         # aiohttp's own 1 MiB default is far too small for tensors; the body
         # limit is applied deliberately, one byte over so our check answers.
         cycle = self.cycle
@@ -168,7 +167,7 @@ class HttpFrontend(Frontend):
 
     async def start(self) -> None:
         # auto_decompress off: read_body inflates under the size limit itself.
-        # The access-log hook records metrics and the access log (issue 7).
+        # The access-log hook records metrics and the access log of every request.
         # keepalive_timeout runs from a connection's start and from each
         # answer until the next request head is complete: it also bounds
         # clients that send a head slowly (Slowloris).
@@ -196,7 +195,7 @@ class HttpFrontend(Frontend):
         routes = FastRoutes(self.fast_routes(), fixed) if self.listener.fast_path else FastRoutes(())
         self._fast = FastListener(
             self.listener.name, self.listener.protocol, self.services, routes, self.guard, self.error_reply,
-            handoff=factory._handler, cycle=self.cycle,
+            handoff=factory, cycle=self.cycle,
             draining=lambda: self.dataplane.draining, max_body=self.max_body,
             status_kinds=self.status_kinds) if routes else None
         factory.install(self.guard, self._fast)
@@ -206,11 +205,9 @@ class HttpFrontend(Frontend):
         site = _GuardedSite(self._runner, address.host, address.port, reuse_port=self.services.reuse_port,
                             ssl_context=self._tls.ssl_context if self._tls is not None else None)
         await site.start()
-        server = site._server  # aiohttp exposes bound sockets only here
-        sockets = getattr(server, "sockets", None) or []
-        for sock in sockets:
-            if sock.family in (socket.AF_INET, socket.AF_INET6):
-                self._port = sock.getsockname()[1]
+        for bound in self._runner.addresses:  # (host, port[, flowinfo, scope_id]) of an IP socket
+            if isinstance(bound, tuple):
+                self._port = bound[1]
                 break
         log.info("listener %s (%s) on %s:%d%s", self.listener.name, self.listener.protocol, address.host,
                  self._port, " (TLS)" if self._tls is not None else "")
@@ -218,7 +215,8 @@ class HttpFrontend(Frontend):
     async def stop(self, grace: float) -> None:
         if self._runner is not None:
             # aiohttp waits this long for in-flight handlers after closing the
-            # socket; it only takes it from the runner (set when built).
+            # socket; it takes it only from the runner's constructor (no public
+            # setter), and the grace is known only now.
             self._runner._shutdown_timeout = grace
             closing = [self._runner.shutdown()]
             if self._fast is not None:  # its connections (aiohttp closes those handed over)
@@ -228,7 +226,7 @@ class HttpFrontend(Frontend):
             self._runner = None
 
 
-def _response_headers(response: web.StreamResponse) -> Any:
+def _response_headers(response: web.StreamResponse) -> MutableMapping[str, str]:
     return response.headers
 
 

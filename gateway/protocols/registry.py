@@ -15,6 +15,8 @@ import sys
 from types import ModuleType
 from typing import Any
 
+from gateway.protocols.base import UpstreamClient
+
 PROTOCOLS: dict[str, str] = {
     "builtin": "gateway.protocols.builtin",
     "graphstorm": "gateway.protocols.graphstorm",
@@ -50,7 +52,7 @@ def load(protocol: str, side: str) -> Any:
     return getattr(_package(protocol), EXPORTS[side])
 
 
-def backend(protocol: str) -> Any:
+def backend(protocol: str) -> type[UpstreamClient]:
     """A protocol's backend class (what the app hands the data plane's
     clusters); KeyError if it has none."""
     return load(protocol, "backend")

@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import ssl
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gateway.config.tls import ListenerTls, UpstreamTls
+
+if TYPE_CHECKING:
+    import grpc  # imported where used: only gRPC listeners and upstreams need it
 
 # --- listeners -------------------------------------------------------------------
 
@@ -36,7 +39,7 @@ def _load_server_files(context: ssl.SSLContext, tls: ListenerTls) -> None:
                            "require": ssl.CERT_REQUIRED}[tls.client_auth]
 
 
-def _grpc_server_configuration(tls: ListenerTls) -> Any:
+def _grpc_server_configuration(tls: ListenerTls) -> grpc.ServerCertificateConfiguration:
     import grpc
 
     return grpc.ssl_server_certificate_configuration(
@@ -57,7 +60,8 @@ class ServerTls:
     def __init__(self, tls: ListenerTls) -> None:
         self.tls = tls
         self._context: ssl.SSLContext | None = None
-        self._grpc_pending: Any = None  # a new configuration for grpc's next handshake
+        # A new configuration for grpc's next handshake.
+        self._grpc_pending: grpc.ServerCertificateConfiguration | None = None
 
     @property
     def ssl_context(self) -> ssl.SSLContext:
@@ -65,10 +69,10 @@ class ServerTls:
             self._context = server_ssl_context(self.tls)
         return self._context
 
-    def grpc_credentials(self) -> Any:
+    def grpc_credentials(self) -> grpc.ServerCredentials:
         import grpc
 
-        def fetch() -> Any:  # called by grpc before handshakes; None keeps the current files
+        def fetch() -> grpc.ServerCertificateConfiguration | None:  # before handshakes; None: keep the files
             pending, self._grpc_pending = self._grpc_pending, None
             return pending
 
@@ -102,7 +106,7 @@ def client_ssl_context(tls: UpstreamTls) -> ssl.SSLContext:
     return context
 
 
-def grpc_channel_credentials(tls: UpstreamTls) -> Any:
+def grpc_channel_credentials(tls: UpstreamTls) -> grpc.ChannelCredentials:
     import grpc
 
     return grpc.ssl_channel_credentials(

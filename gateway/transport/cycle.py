@@ -24,12 +24,13 @@ its own way) and is given back on every path by the adapter's ``finally``.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
-from typing import Any, Generic, Protocol, TypeVar
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from typing import Generic, Protocol, TypeVar
 
 from gateway.core.errors import ErrorKind, GatewayError
 from gateway.core.record import OUTCOME_CANCELLED, finish_request
 from gateway.core.types import RequestContext
+from gateway.runtime.services import GatewayServices
 
 log = logging.getLogger(__name__)
 
@@ -49,13 +50,13 @@ class Form(Protocol[A_co]):
 class Credentials(Protocol):
     """What the cycle asks of a listener's token checker (runtime/auth.py)."""
 
-    def check(self, headers: Any) -> None: ...
+    def check(self, headers: Mapping[str, str]) -> None: ...
 
 
 class RequestCycle:
     """One listener's request cycle; its servers drive it (see the module)."""
 
-    def __init__(self, listener: str, protocol: str, services: Any, max_requests: int,
+    def __init__(self, listener: str, protocol: str, services: GatewayServices, max_requests: int,
                  probes: frozenset[str] = frozenset()) -> None:
         self.listener = listener
         self.protocol = protocol
@@ -161,8 +162,8 @@ class Refusals(Generic[A]):
 
     __slots__ = ("_challenge", "_headers", "_render")
 
-    def __init__(self, render: Callable[[GatewayError, int | None], A], headers: Callable[[A], Any],
-                 challenge: Callable[[], str] = lambda: "") -> None:
+    def __init__(self, render: Callable[[GatewayError, int | None], A],
+                 headers: Callable[[A], MutableMapping[str, str]], challenge: Callable[[], str] = lambda: "") -> None:
         self._render = render
         self._headers = headers  # the answer's header mapping
         self._challenge = challenge

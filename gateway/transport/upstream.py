@@ -9,11 +9,11 @@ import os
 import ssl
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
 
 from gateway.config.node import Node
 from gateway.core.addresses import without_addresses
 from gateway.core.errors import ErrorKind, GatewayError
+from gateway.runtime.services import GatewayServices
 
 # A connection attempt to an endpoint gives up after this long (s), whatever
 # the request's deadline; once connected, only the deadline bounds a call.
@@ -41,7 +41,7 @@ def parse_stream_relay(node: Node) -> str:
     return str(node.choice("stream_relay", (HOLD_LAST, IMMEDIATE), HOLD_LAST))
 
 
-def response_limit(configured: int | None, services: Any) -> int:
+def response_limit(configured: int | None, services: GatewayServices) -> int:
     if configured is not None:
         return configured
     return RESPONSE_LIMIT_FACTOR * services.config.limits.max_request_bytes

@@ -1,4 +1,4 @@
-"""The availability attack (issue 15): clients sending the worst bodies the
+"""The availability attack: clients sending the worst bodies the
 default limits admit while a prober measures how fast everything else is
 answered.
 

@@ -40,17 +40,18 @@ from gateway.dataplane.cluster.health import HealthChecker
 from gateway.dataplane.cluster.outlier import OutlierDetector
 from gateway.dataplane.retry import ENDPOINT_FAILURES, budget_allows
 from gateway.observability.counters import Counters, Event
+from gateway.runtime.services import GatewayServices
 
 log = logging.getLogger(__name__)
 
-ClientFactory = Callable[[UpstreamConfig, "Address | None", Any], Backend]
+ClientFactory = Callable[[UpstreamConfig, "Address | None", GatewayServices], Backend]
 
 
 class BackendClass(Protocol):
     """A protocol's backend (its UpstreamClient class): built once per
     endpoint, or once when it needs none (in-process)."""
 
-    def __call__(self, upstream: UpstreamConfig, endpoint: Address | None, services: Any) -> Backend: ...
+    def __call__(self, upstream: UpstreamConfig, endpoint: Address | None, services: GatewayServices) -> Backend: ...
 
     def needs_endpoints(self) -> bool: ...
 
@@ -94,7 +95,7 @@ class _Waiter:
 class Cluster:
     """An upstream's endpoints, each with its own protocol client."""
 
-    def __init__(self, config: UpstreamConfig, services: Any, counters: Counters | None = None, *,
+    def __init__(self, config: UpstreamConfig, services: GatewayServices, counters: Counters | None = None, *,
                  backends: Backends | None = None, client_factory: ClientFactory | None = None,
                  clock: Callable[[], float] = time.monotonic, rng: random.Random | None = None) -> None:
         self.config = config

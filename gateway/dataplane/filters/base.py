@@ -34,6 +34,8 @@ from typing import Any, ClassVar
 from gateway.config.node import Node
 from gateway.core.errors import GatewayError
 from gateway.core.types import InferRequest, InferResponse, RequestContext
+from gateway.dataplane.routing import Route
+from gateway.runtime.services import GatewayServices
 
 # What a FilterCall is for.
 INFER = "infer"  # one request, one answer
@@ -47,10 +49,10 @@ class FilterCall:
 
     __slots__ = ("ctx", "kind", "notes", "request", "route")
 
-    def __init__(self, request: InferRequest, ctx: RequestContext, route: Any, kind: str) -> None:
+    def __init__(self, request: InferRequest, ctx: RequestContext, route: Route, kind: str) -> None:
         self.request = request
         self.ctx = ctx
-        self.route = route  # gateway.dataplane.routing.Route
+        self.route = route
         self.kind = kind
         self.notes: dict[str, Any] = {}
 
@@ -62,10 +64,10 @@ class Filter:
 
     kind: ClassVar[str] = ""  # its key in a policy of the YAML: the registry's name for it
 
-    def __init__(self, name: str, options: Any, services: Any) -> None:
+    def __init__(self, name: str, options: Any, services: GatewayServices) -> None:
         self.name = name  # the policy's name
         self.options = options
-        self.services = services  # gateway.runtime.services.GatewayServices
+        self.services = services
 
     @classmethod
     def parse_options(cls, node: Node) -> Any:

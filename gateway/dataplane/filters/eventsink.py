@@ -22,9 +22,9 @@ import logging
 import re
 import ssl
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
 from urllib.parse import quote, urlsplit
 
 from gateway.core.errors import GatewayError
@@ -100,7 +100,7 @@ class EventSink:
 
     def __init__(self, address: SinkAddress, extra_headers: tuple[tuple[str, str], ...], timeout: float,
                  connections: int, max_queue: int, max_queue_bytes: int, budget: InflightBudget,
-                 count: Any) -> None:
+                 count: Callable[[str, int], None]) -> None:
         self.address = address
         self.timeout = timeout
         self.connections = connections

@@ -34,6 +34,7 @@ from gateway.core.types import InferRequest, InferResponse, RawPayload, Tensor
 from gateway.dataplane.filters.base import STREAM, Filter, FilterCall
 from gateway.dataplane.filters.eventsink import Event, EventSink, SinkAddress, header_value
 from gateway.observability.metrics import metrics_of
+from gateway.runtime.services import GatewayServices
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +96,7 @@ class SinkHeaders:
 class PayloadLogFilter(Filter):
     kind = "payload_log"
 
-    def __init__(self, name: str, options: PayloadLogOptions, services: Any) -> None:
+    def __init__(self, name: str, options: PayloadLogOptions, services: GatewayServices) -> None:
         super().__init__(name, options, services)
         self.log_requests = options.mode != "response"
         self.log_responses = options.mode != "request"

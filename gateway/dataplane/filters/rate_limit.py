@@ -36,6 +36,7 @@ from gateway.core.types import InferResponse
 from gateway.dataplane.filters.base import Filter, FilterCall
 from gateway.runtime.budget import Reservation
 from gateway.runtime.redis import RedisScript, RedisUnavailable
+from gateway.runtime.services import GatewayServices
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +151,7 @@ class RateLimitFilter(Filter):
     kind = "rate_limit"
     options: RateLimitOptions
 
-    def __init__(self, name: str, options: RateLimitOptions, services: Any) -> None:
+    def __init__(self, name: str, options: RateLimitOptions, services: GatewayServices) -> None:
         super().__init__(name, options, services)
         self.interval = 1.0 / options.requests_per_second
         self.tolerance = options.burst * self.interval
@@ -160,11 +161,12 @@ class RateLimitFilter(Filter):
         self._held: list[Reservation] = []  # local: what the buckets may take, charged as they grow
         self._charged_keys = 0
         self.evicted = 0  # local: keys dropped while their bucket was not full
-        self.redis = services.redis.client(services.config.redis) if options.uses_redis else None
+        redis = services.config.redis  # present when options.uses_redis: the config parser checks it
+        self.redis = services.redis.client(redis) if options.uses_redis and redis is not None else None
         self._redis_errors = 0  # since the last log line about them
         self._logged_at = -LOG_EVERY_SECONDS
         self._global_args = (repr(self.interval), repr(self.tolerance))
-        self.deny_without_redis = self.redis is not None and services.config.redis.on_error == "deny"
+        self.deny_without_redis = self.redis is not None and redis is not None and redis.on_error == "deny"
 
     @classmethod
     def parse_options(cls, node: Node) -> RateLimitOptions | None:

@@ -11,6 +11,7 @@ import importlib
 from typing import Any
 
 from gateway.config.node import Node
+from gateway.dataplane.filters.base import Filter
 
 FILTERS: dict[str, str] = {
     "response_cache": "gateway.dataplane.filters.response_cache:ResponseCache",
@@ -23,8 +24,8 @@ def kinds() -> list[str]:
     return sorted(FILTERS)
 
 
-def load(kind: str) -> Any:
-    """The filter class of ``kind`` (a gateway.dataplane.filters.base.Filter); KeyError if unknown."""
+def load(kind: str) -> type[Filter]:
+    """The filter class of ``kind``; KeyError if unknown."""
     module, _, name = FILTERS[kind].partition(":")
     return getattr(importlib.import_module(module), name)
 

@@ -42,6 +42,8 @@ from gateway.dataplane.filters.cache_redis import DEFAULT_MAX_BYTES as REDIS_DEF
 from gateway.dataplane.filters.cache_redis import MAX_ENTRY_BYTES as REDIS_MAX_ENTRY_BYTES
 from gateway.dataplane.filters.cache_redis import RedisBackend
 from gateway.dataplane.filters.cache_store import CacheBackend, CacheUnavailable, MemoryBackend, answer_to
+from gateway.dataplane.routing import Route
+from gateway.runtime.services import GatewayServices
 
 DEFAULT_TTL = 60.0
 DEFAULT_MAX_BYTES = 256 << 20
@@ -64,13 +66,13 @@ class ResponseCacheOptions:
 class ResponseCache(Filter):
     kind = "response_cache"
 
-    def __init__(self, name: str, options: ResponseCacheOptions, services: Any) -> None:
+    def __init__(self, name: str, options: ResponseCacheOptions, services: GatewayServices) -> None:
         super().__init__(name, options, services)
         self.store: CacheBackend
-        if options.uses_redis:
-            self.store = RedisBackend(name, options.ttl, options.max_bytes,
-                                      services.redis.client(services.config.redis), services.budget,
-                                      services.offload, services.metrics.cache_redis_counters(name))
+        redis = services.config.redis  # present when options.uses_redis: the config parser checks it
+        if options.uses_redis and redis is not None:
+            self.store = RedisBackend(name, options.ttl, options.max_bytes, services.redis.client(redis),
+                                      services.budget, services.offload, services.metrics.cache_redis_counters(name))
         else:
             self.store = MemoryBackend(options.ttl, options.max_bytes, services.budget, services.offload)
         self._offload = services.offload
@@ -114,7 +116,7 @@ class ResponseCache(Filter):
                         "description": "where answers are kept: memory (this worker's) or redis (the redis: "
                                        "section's server, shared by every gateway using it)"}}}
 
-    def _salt(self, route: Any) -> bytes:
+    def _salt(self, route: Route) -> bytes:
         known = self._salts.get(route.name)
         if known is not None and known[0] is route.config:
             return known[1]

@@ -8,16 +8,18 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from gateway.config.address import Address
 from gateway.config.node import Node
+from gateway.config.upstreams import UpstreamConfig
 from gateway.core.contracts import StreamedResponse
 from gateway.core.errors import model_not_found, unsupported
 from gateway.core.types import (
     DERIVATIVE_OPERATION,
     Derivative,
-    ExtensionRequest,
     InferRequest,
     InferResponse,
     ModelMetadata,
+    OperationRequest,
     RequestContext,
 )
 from gateway.protocols.base import UpstreamClient
@@ -34,6 +36,7 @@ from gateway.protocols.builtin.sequences import (
     StringDynaSequence,
 )
 from gateway.runtime.budget import InflightBudget
+from gateway.runtime.services import GatewayServices
 
 # The smallest sequences.max_state_bytes: a few sequences must fit.
 MIN_STATE_BYTES = 4096
@@ -83,7 +86,7 @@ class BuiltinOptions:
 
 
 class BuiltinClient(UpstreamClient):
-    extensions = frozenset({DERIVATIVE_OPERATION})
+    operations = frozenset({DERIVATIVE_OPERATION})
 
     @classmethod
     def needs_endpoints(cls) -> bool:
@@ -99,8 +102,8 @@ class BuiltinClient(UpstreamClient):
         return BuiltinOptions(names, parse_gnn_settings(node.child("gnn", None)),
                               parse_sequence_settings(node.child("sequences", None)))
 
-    def __init__(self, *args: Any) -> None:
-        super().__init__(*args)
+    def __init__(self, upstream: UpstreamConfig, endpoint: Address | None, services: GatewayServices) -> None:
+        super().__init__(upstream, endpoint, services)
         options = self.upstream.options
         if not isinstance(options, BuiltinOptions):
             options = BuiltinOptions(tuple(options or ()))
@@ -172,10 +175,10 @@ class BuiltinClient(UpstreamClient):
     async def list_models(self, ctx: RequestContext) -> list[str]:
         return list(self.models)
 
-    async def call_extension(self, operation: str, request: Any, ctx: RequestContext) -> Any:
-        if (operation == DERIVATIVE_OPERATION and isinstance(request, ExtensionRequest)
+    async def call_operation(self, operation: str, request: OperationRequest, ctx: RequestContext) -> Any:
+        if (operation == DERIVATIVE_OPERATION and isinstance(request, OperationRequest)
                 and isinstance(request.arguments, Derivative)):
             inner = request.request
             model = self._model(inner.model_name, inner.model_version)
             return model.derivative(model.check_inputs(inner.inputs), inner.parameters, request.arguments)
-        return await super().call_extension(operation, request, ctx)
+        return await super().call_operation(operation, request, ctx)

@@ -8,7 +8,7 @@ GraphStorm's envelope; the outcome is its ``status_code``.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,10 +26,11 @@ from gateway.core.graphtensors import (
     TASK_PARAMETER,
 )
 from gateway.core.record import REQUEST_ID_HEADER, Translating
-from gateway.core.types import InferRequest, RawPayload, RequestContext
+from gateway.core.types import InferRequest, RawPayload, RequestContext, Tensor
 from gateway.dataplane.routing import Route
 from gateway.protocols.graphstorm import codec, errors
 from gateway.protocols.graphstorm.errors import GraphStormError
+from gateway.protocols.graphstorm.payload import Invocation
 from gateway.protocols.graphstorm.schema import GraphSchema, load_schema
 from gateway.protocols.http_frontend import HttpFrontend
 from gateway.runtime.budget import admit_json
@@ -62,12 +63,12 @@ class RouteOptions:
         return NODE_TASKS + EDGE_TASKS if self.edge_tasks else NODE_TASKS
 
 
-def route_options(options: Any) -> RouteOptions:
-    found = options.get(PROTOCOL) if hasattr(options, "get") else None
+def route_options(options: Mapping[str, Any]) -> RouteOptions:
+    found = options.get(PROTOCOL)
     return found if isinstance(found, RouteOptions) else RouteOptions()
 
 
-def _decode_invocation(payload: Any, options: Any) -> tuple[Any, list[Any]]:
+def _decode_invocation(payload: Any, options: RouteOptions) -> tuple[Invocation, list[Tensor]]:
     """The payload's invocation and its graph as tensors. Big payloads are
     decoded in the offload pool, with the cycle collector paused (parsing a
     6 MB payload made full collections that found nothing and took 2-3

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 from gateway.core.errors import GatewayError
-from gateway.core.limits import TensorBudget
+from gateway.core.limits import TensorAllowance
 from gateway.core.types import Handover, InferRequest, InferResponse, RequestContext
 from gateway.protocols.triton import shm
 
@@ -124,7 +124,7 @@ class InferPipeline(Generic[Answer]):
         if shm.named(request):  # shared memory only when a tensor names a region: one check, no awaits otherwise
             try:
                 regions = await self.extensions.shm_plan(request, ctx)
-                await shm.run_inputs(request, regions, TensorBudget.of(limits), reservation.grow, offload)
+                await shm.run_inputs(request, regions, TensorAllowance.of(limits), reservation.grow, offload)
             except GatewayError as error:
                 raise self._refused(error, request) from None
         ctx.record.decode_seconds = time.perf_counter() - started

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Any
 
 from gateway.core.errors import GatewayError
 from gateway.core.types import RequestContext
+from gateway.protocols.base import DataPlaneApi
 from gateway.protocols.triton.context import side_context
 
 READY = "READY"
@@ -30,7 +30,7 @@ class IndexEntry:
     reason: str = ""
 
 
-async def repository_index(dataplane: Any, ctx: RequestContext, ready_only: bool = False) -> list[IndexEntry]:
+async def repository_index(dataplane: DataPlaneApi, ctx: RequestContext, ready_only: bool = False) -> list[IndexEntry]:
     names = await dataplane.list_models(ctx)
     slots = asyncio.Semaphore(MAX_CONCURRENT_PROBES)
 

@@ -12,12 +12,14 @@ from gateway.core.cache import TtlCache
 from gateway.core.errors import ErrorKind, GatewayError, unsupported
 from gateway.core.types import MODEL_CONFIG_OPERATION, InferRequest, InferResponse, RequestContext, Tensor
 from gateway.observability.statistics import ModelStatistics
+from gateway.protocols.base import DataPlaneApi
 from gateway.protocols.triton import classification as classes
 from gateway.protocols.triton import shm, turned_off
 from gateway.protocols.triton.context import side_context
 from gateway.protocols.triton.labels import LabelCache
 from gateway.protocols.triton.modelconfig import max_batch_size, synthesize
 from gateway.protocols.triton.repository import IndexEntry, repository_index
+from gateway.runtime.services import GatewayServices
 
 log = logging.getLogger(__name__)
 # How long a model's configuration is reused to decide how classification
@@ -32,7 +34,8 @@ class Extensions:
     listeners offer all) that the configuration turns on (``server.extensions``)
     are ``served``."""
 
-    def __init__(self, dataplane: Any, services: Any, offered: Sequence[str] = GATEWAY_EXTENSIONS) -> None:
+    def __init__(self, dataplane: DataPlaneApi, services: GatewayServices,
+                 offered: Sequence[str] = GATEWAY_EXTENSIONS) -> None:
         self.dataplane = dataplane
         self.services = services
         enabled = services.identity.extensions
@@ -130,7 +133,7 @@ class Extensions:
         """The upstream's configuration if it keeps one, else one written
         from the model metadata (marked ``synthesized``)."""
         try:
-            config = await self.dataplane.call_extension(MODEL_CONFIG_OPERATION, InferRequest(model, version), ctx)
+            config = await self.dataplane.call_operation(MODEL_CONFIG_OPERATION, InferRequest(model, version), ctx)
         except GatewayError as error:
             if error.kind not in _NO_CONFIG:
                 raise

@@ -47,10 +47,11 @@ import numpy as np
 import orjson
 
 from gateway.core.errors import ErrorKind, GatewayError, invalid, malformed
-from gateway.core.limits import BYTES_ELEMENT_COST, TensorBudget
+from gateway.core.limits import BYTES_ELEMENT_COST, TensorAllowance
 from gateway.core.tensors import array_from_raw, array_to_raw
 from gateway.core.types import NUMPY_DTYPES, InferRequest, InferResponse, Tensor
 from gateway.protocols.triton import SHM_REGISTRY_ENV
+from gateway.runtime.offload import Offloader
 
 REGION = "shared_memory_region"
 OFFSET = "shared_memory_offset"
@@ -409,7 +410,7 @@ def plan(request: InferRequest, owner: str) -> Plan:
     return Plan(inputs, outputs)
 
 
-def read_inputs(request: InferRequest, found: Plan, budget: TensorBudget) -> None:
+def read_inputs(request: InferRequest, found: Plan, allowance: TensorAllowance) -> None:
     """Fill the inputs ``found`` names from their regions (body-sized: the
     caller runs it off the loop when big)."""
     store = registry()
@@ -418,7 +419,7 @@ def read_inputs(request: InferRequest, found: Plan, budget: TensorBudget) -> Non
         label = f"input '{tensor.name[:100]}'"
         data = store.read(region, window, label)
         count = tensor.element_count
-        tensor.data = array_from_raw(memoryview(data), tensor.datatype, tensor.shape, count, label, budget)
+        tensor.data = array_from_raw(memoryview(data), tensor.datatype, tensor.shape, count, label, allowance)
         tensor.parameters = _without(tensor.parameters)
 
 
@@ -453,17 +454,17 @@ def written(tensor: Tensor) -> bool:
     return REGION in tensor.parameters
 
 
-async def run_inputs(request: InferRequest, found: Plan, budget: TensorBudget,
-                     grow: Callable[[int], None], offload: Any) -> None:
+async def run_inputs(request: InferRequest, found: Plan, allowance: TensorAllowance,
+                     grow: Callable[[int], None], offload: Offloader) -> None:
     """:func:`read_inputs`, its bytes charged to the memory budget first and
     big copies made in the offload pool."""
     if found.inputs:
         size = found.input_bytes
         grow(size)
-        await offload.run(size, read_inputs, request, found, budget)
+        await offload.run(size, read_inputs, request, found, allowance)
 
 
-async def run_outputs(response: InferResponse, found: Plan, grow: Callable[[int], None], offload: Any) -> None:
+async def run_outputs(response: InferResponse, found: Plan, grow: Callable[[int], None], offload: Offloader) -> None:
     """:func:`write_outputs`, big copies made in the offload pool. Numbers
     are written from their arrays; BYTES tensors are first put in their
     length-prefixed form, charged to the memory budget before."""

@@ -4,7 +4,7 @@ Its models appear to the rest of the gateway as V2 models with one FP64
 vector tensor per UM-Bridge input and output (``input_0``, ...,
 ``output_0``, ...); the UM-Bridge ``config`` travels as the request parameter
 ``umbridge_config`` (JSON text). Derivatives and config-dependent sizes are
-offered through ``call_extension``.
+offered through ``call_operation``.
 
 Pass-through (``passthrough: true``, the default): an Evaluate from a
 UM-Bridge client carries its body (:class:`~gateway.core.types.RawPayload`),
@@ -21,7 +21,9 @@ from typing import Any
 
 import numpy as np
 
+from gateway.config.address import Address
 from gateway.config.node import Node
+from gateway.config.upstreams import UpstreamConfig
 from gateway.core.cache import TtlCache
 from gateway.core.errors import GatewayError, invalid, model_not_found, unsupported
 from gateway.core.record import PASSTHROUGH_REQUEST_ONLY, PASSTHROUGH_TRANSLATED, PASSTHROUGH_VERBATIM
@@ -29,10 +31,10 @@ from gateway.core.types import (
     DERIVATIVE_OPERATION,
     METADATA_OPERATION,
     Derivative,
-    ExtensionRequest,
     InferRequest,
     InferResponse,
     ModelMetadata,
+    OperationRequest,
     RawPayload,
     RequestContext,
     Tensor,
@@ -41,6 +43,7 @@ from gateway.protocols.base import UpstreamClient
 from gateway.protocols.umbridge import codec, passthrough
 from gateway.protocols.umbridge.mapping import umbridge_metadata
 from gateway.protocols.umbridge.options import UpstreamOptions, parse_upstream_options
+from gateway.runtime.services import GatewayServices
 from gateway.runtime.tls import http_client_tls
 from gateway.transport.http_client.pool import UpstreamHttp
 
@@ -49,14 +52,14 @@ _INPUT_NAME = re.compile(r"^input_(0|[1-9][0-9]{0,5})$")
 
 
 class UmbridgeClient(UpstreamClient):
-    extensions = frozenset({DERIVATIVE_OPERATION, METADATA_OPERATION})
+    operations = frozenset({DERIVATIVE_OPERATION, METADATA_OPERATION})
 
     @classmethod
     def parse_options(cls, node: Node) -> UpstreamOptions:
         return parse_upstream_options(node)
 
-    def __init__(self, *args: Any) -> None:
-        super().__init__(*args)
+    def __init__(self, upstream: UpstreamConfig, endpoint: Address | None, services: GatewayServices) -> None:
+        super().__init__(upstream, endpoint, services)
         self.options: UpstreamOptions = self.upstream.options or UpstreamOptions()
         self.http: UpstreamHttp | None = None
         self._info: TtlCache[list[str]] = TtlCache(self.options.metadata_ttl)
@@ -215,9 +218,9 @@ class UmbridgeClient(UpstreamClient):
                                       PASSTHROUGH_REQUEST_ONLY if forwarded else PASSTHROUGH_TRANSLATED)
         return response
 
-    async def call_extension(self, operation: str, request: Any, ctx: RequestContext) -> Any:
-        if not isinstance(request, ExtensionRequest):
-            return await super().call_extension(operation, request, ctx)
+    async def call_operation(self, operation: str, request: OperationRequest, ctx: RequestContext) -> Any:
+        if not isinstance(request, OperationRequest):
+            return await super().call_operation(operation, request, ctx)
         inner = request.request
         self._check_version(inner.model_name, inner.model_version)
         config = codec.config_from_text(inner.parameters.get(codec.CONFIG_PARAMETER))

@@ -1,5 +1,5 @@
 """Evaluate and differentiate a model for a UM-Bridge client, through the
-data plane's canonical interface only (infer, call_extension), so it works
+data plane's canonical interface only (infer, call_operation), so it works
 the same for builtin, V2 and UM-Bridge upstreams."""
 
 from __future__ import annotations
@@ -92,5 +92,5 @@ class Bridge:
                                          in_wrt=view.input_positions[d.in_wrt],
                                          in_wrt2=view.input_positions[d.in_wrt2])
         request = view.request([list(inputs)], self.config_text, self.ctx.request_id)
-        result = await self.dataplane.call_extension(DERIVATIVE_OPERATION, request, self.ctx, upstream_d)
+        result = await self.dataplane.call_operation(DERIVATIVE_OPERATION, request, self.ctx, upstream_d)
         return np.asarray(result, dtype=np.float64).reshape(-1)

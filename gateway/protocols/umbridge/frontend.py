@@ -11,11 +11,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 from aiohttp import web
 
+from gateway.config.listeners import ListenerConfig
 from gateway.config.node import Node
 from gateway.core.cache import TtlCache
 from gateway.core.errors import ErrorKind, GatewayError
@@ -36,6 +36,7 @@ from gateway.core.types import (
     RawPayload,
     RequestContext,
 )
+from gateway.protocols.base import DataPlaneApi
 from gateway.protocols.http_frontend import HttpFrontend
 from gateway.protocols.umbridge import codec, errors, passthrough
 from gateway.protocols.umbridge.bridge import Bridge
@@ -47,6 +48,7 @@ from gateway.protocols.umbridge.options import (
     parse_route_options,
 )
 from gateway.runtime.budget import admit_json
+from gateway.runtime.services import GatewayServices
 from gateway.transport.http_server.aiohttp_app import error_middleware
 from gateway.transport.http_server.exchange import Handler, HttpReply, HttpRequest, json_reply
 
@@ -74,8 +76,8 @@ class UmbridgeFrontend(HttpFrontend):
     def parse_route_options(cls, node: Node, base_dir: Path) -> RouteOptions:
         return parse_route_options(node)
 
-    def __init__(self, *args: Any) -> None:
-        super().__init__(*args)
+    def __init__(self, listener: ListenerConfig, dataplane: DataPlaneApi, services: GatewayServices) -> None:
+        super().__init__(listener, dataplane, services)
         self.options: ListenerOptions = self.listener.options or ListenerOptions()
         self._views: TtlCache[ModelView] = TtlCache(self.options.metadata_ttl)
 
@@ -100,7 +102,7 @@ class UmbridgeFrontend(HttpFrontend):
         if config_text:  # sizes may depend on config: ask upstreams that can say
             request = InferRequest(name, parameters={codec.CONFIG_PARAMETER: config_text})
             try:
-                metadata: ModelMetadata = await self.dataplane.call_extension(METADATA_OPERATION, request, ctx)
+                metadata: ModelMetadata = await self.dataplane.call_operation(METADATA_OPERATION, request, ctx)
                 return metadata
             except GatewayError as exc:
                 if exc.kind != ErrorKind.UNSUPPORTED:

@@ -7,7 +7,7 @@ from typing import Any
 
 from gateway.protocols.registry import lazy_export
 
-# The operation (DataPlane.call_extension) that forwards a V1 ``:explain``
+# The operation (DataPlane.call_operation) that forwards a V1 ``:explain``
 # call: its request carries the client's body as ``raw`` and the answer is
 # the upstream's JSON body (bytes). Upstreams that do not offer it raise
 # UNSUPPORTED, which the listener answers 501.

@@ -15,7 +15,7 @@ decoded outputs. Such an answer must be a JSON object (else 502); one
 that is valid V1 but no V2 tensors (ragged predictions, say) comes back
 as its bytes alone, for the V1 listener to relay.
 
-``EXPLAIN_OPERATION`` (``call_extension``) forwards ``:explain`` and
+``EXPLAIN_OPERATION`` (``call_operation``) forwards ``:explain`` and
 answers the server's JSON as a RawPayload.
 """
 
@@ -27,14 +27,16 @@ from urllib.parse import quote
 
 import orjson
 
+from gateway.config.address import Address
 from gateway.config.node import Node
+from gateway.config.upstreams import UpstreamConfig
 from gateway.core.errors import ErrorKind, GatewayError, model_not_found
 from gateway.core.record import PASSTHROUGH_REQUEST_ONLY, PASSTHROUGH_TRANSLATED
 from gateway.core.types import (
-    ExtensionRequest,
     InferRequest,
     InferResponse,
     ModelMetadata,
+    OperationRequest,
     RawPayload,
     RequestContext,
     Tensor,
@@ -43,6 +45,7 @@ from gateway.protocols.base import UpstreamClient
 from gateway.protocols.v1_rest import EXPLAIN_OPERATION
 from gateway.protocols.v1_rest import upstream_codec as codec
 from gateway.protocols.v1_rest.upstream_options import V1UpstreamOptions, parse_upstream_options
+from gateway.runtime.services import GatewayServices
 from gateway.runtime.tls import http_client_tls
 from gateway.transport.http_client.pool import UpstreamHttp
 from gateway.transport.http_client.reply import UpstreamReply
@@ -65,15 +68,15 @@ def _encoded_size(tensor: Tensor) -> int:
 
 
 class V1RestClient(UpstreamClient):
-    extensions = frozenset({EXPLAIN_OPERATION})
+    operations = frozenset({EXPLAIN_OPERATION})
     http: UpstreamHttp | None = None
 
     @classmethod
     def parse_options(cls, node: Node) -> V1UpstreamOptions:
         return parse_upstream_options(node)
 
-    def __init__(self, *args: Any) -> None:
-        super().__init__(*args)
+    def __init__(self, upstream: UpstreamConfig, endpoint: Address | None, services: GatewayServices) -> None:
+        super().__init__(upstream, endpoint, services)
         self.options: V1UpstreamOptions = self.upstream.options or V1UpstreamOptions()
         self.max_response = response_limit(self.options.max_response_bytes, self.services)
 
@@ -147,9 +150,9 @@ class V1RestClient(UpstreamClient):
             ctx.record.passthrough = PASSTHROUGH_REQUEST_ONLY if forwarded else PASSTHROUGH_TRANSLATED
         return response
 
-    async def call_extension(self, operation: str, request: Any, ctx: RequestContext) -> Any:
-        if operation != EXPLAIN_OPERATION or not isinstance(request, ExtensionRequest):
-            return await super().call_extension(operation, request, ctx)
+    async def call_operation(self, operation: str, request: OperationRequest, ctx: RequestContext) -> Any:
+        if operation != EXPLAIN_OPERATION or not isinstance(request, OperationRequest):
+            return await super().call_operation(operation, request, ctx)
         inner = request.request
         body = await self._body(inner)
         reply = await self._send("POST", self._model_path(inner.model_name, inner.model_version) + ":explain",

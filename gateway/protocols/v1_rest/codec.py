@@ -20,7 +20,7 @@ import numpy as np
 import orjson
 
 from gateway.core.errors import ErrorKind, GatewayError, invalid, malformed
-from gateway.core.limits import BYTES_ELEMENT_COST, TensorBudget
+from gateway.core.limits import BYTES_ELEMENT_COST, TensorAllowance
 from gateway.core.tensors import (
     FAST_JSON_MIN_BYTES,
     JsonNumbers,
@@ -68,7 +68,7 @@ class NotTensors(GatewayError):
 # --- requests -----------------------------------------------------------------
 
 
-def decode_predict(body: bytes | bytearray, specs: tuple[TensorSpec, ...], budget: TensorBudget,
+def decode_predict(body: bytes | bytearray, specs: tuple[TensorSpec, ...], allowance: TensorAllowance,
                    fast_min_bytes: int = FAST_JSON_MIN_BYTES) -> Predict:
     """A ``:predict`` body as tensors; ``specs`` are the model's inputs from
     its V2 metadata (empty: unknown). Raises MALFORMED/INVALID/TOO_LARGE.
@@ -76,7 +76,7 @@ def decode_predict(body: bytes | bytearray, specs: tuple[TensorSpec, ...], budge
     into numpy when the fast reader can vouch for them (gateway/core/tensors.py)."""
     payload = None
     if len(body) >= fast_min_bytes:
-        payload = read_json_fast(body, lambda root: _fast_payload(root, specs), budget.charge)
+        payload = read_json_fast(body, lambda root: _fast_payload(root, specs), allowance.charge)
     if payload is None:
         try:
             payload = orjson.loads(body)
@@ -85,14 +85,14 @@ def decode_predict(body: bytes | bytearray, specs: tuple[TensorSpec, ...], budge
     if not isinstance(payload, dict):
         raise malformed("the request body must be a JSON object holding 'instances' or 'inputs'")
     try:
-        return _predict(payload, specs, budget, body)
+        return _predict(payload, specs, allowance, body)
     except GatewayError as error:
         if error.kind in (ErrorKind.INVALID_INPUT, ErrorKind.MALFORMED_REQUEST):
             raise NotTensors(error.kind, error.message) from None
         raise
 
 
-def _predict(payload: dict[str, Any], specs: tuple[TensorSpec, ...], budget: TensorBudget,
+def _predict(payload: dict[str, Any], specs: tuple[TensorSpec, ...], allowance: TensorAllowance,
              body: bytes | bytearray) -> Predict:
     if ("instances" in payload) == ("inputs" in payload):
         raise malformed("the request must hold exactly one of 'instances' (row format) or 'inputs' (columnar "
@@ -108,7 +108,7 @@ def _predict(payload: dict[str, Any], specs: tuple[TensorSpec, ...], budget: Ten
     inputs = []
     for name, value in named:
         spec = _spec(name, specs, by_name)
-        inputs.append(_tensor(spec.name if spec is not None else name or DEFAULT_INPUT, value, spec, budget, body))
+        inputs.append(_tensor(spec.name if spec is not None else name or DEFAULT_INPUT, value, spec, allowance, body))
     return Predict(inputs, parameters, rows)
 
 
@@ -239,7 +239,7 @@ def _shape_and_leaves(value: Any, where: str, max_elements: int) -> tuple[list[i
     return shape, leaves
 
 
-def _datatype_of_values(leaves: list[Any], where: str, body: bytes | bytearray, budget: TensorBudget) -> str:
+def _datatype_of_values(leaves: list[Any], where: str, body: bytes | bytearray, allowance: TensorAllowance) -> str:
     """The default datatype of JSON leaves (:data:`DEFAULT_DATATYPES`):
     integer literals are INT64 however large (beyond it: out of range)."""
     types = {type(leaf) for leaf in leaves}
@@ -252,7 +252,7 @@ def _datatype_of_values(leaves: list[Any], where: str, body: bytes | bytearray, 
     if types == {int}:
         return "INT64"
     if types <= _NUMBERS:
-        return "INT64" if written_as_integers(leaves, body, budget.charge) else "FP32"
+        return "INT64" if written_as_integers(leaves, body, allowance.charge) else "FP32"
     shown = sorted(t.__name__ for t in types)
     raise invalid(f"{where}: values must be all numbers, all booleans or all strings/b64 objects; got {shown}")
 
@@ -287,11 +287,11 @@ def _fitted(shape: tuple[int, ...], spec: TensorSpec | None, count: int) -> tupl
 
 
 def _numbers_tensor(name: str, where: str, numbers: JsonNumbers, spec: TensorSpec | None,
-                    budget: TensorBudget) -> Tensor:
+                    allowance: TensorAllowance) -> Tensor:
     """A tensor of numbers the fast reader read: what :func:`_tensor` makes
     of the same values as Python objects."""
     shape = numbers.shape
-    element_count(shape, where, budget.max_tensor_elements)
+    element_count(shape, where, allowance.max_tensor_elements)
     if spec is not None and not spec.parameters.get(ANY_DATATYPE):
         datatype = spec.datatype
     else:
@@ -300,7 +300,7 @@ def _numbers_tensor(name: str, where: str, numbers: JsonNumbers, spec: TensorSpe
         raise invalid(f"{where}: BYTES values must be strings or {{\"b64\": \"...\"}} objects")
     if datatype == "BOOL":
         raise invalid(f"{where}: BOOL data must be true/false")
-    count = budget.claim(datatype, shape, where)
+    count = allowance.claim(datatype, shape, where)
     array = array_from_json(numbers, datatype, shape, count, where)
     fitted = _fitted(shape, spec, count)
     _check_fit(where, fitted, spec)
@@ -313,20 +313,21 @@ def _check_fit(where: str, shape: tuple[int, ...], spec: TensorSpec | None) -> N
                       "(-1: any size)")
 
 
-def _tensor(name: str, value: Any, spec: TensorSpec | None, budget: TensorBudget, body: bytes | bytearray) -> Tensor:
+def _tensor(name: str, value: Any, spec: TensorSpec | None, allowance: TensorAllowance,
+            body: bytes | bytearray) -> Tensor:
     where = f"input '{name[:100]}'"
     if isinstance(value, JsonNumbers):
-        return _numbers_tensor(name, where, value, spec, budget)
-    shape_list, leaves = _shape_and_leaves(value, where, budget.max_tensor_elements)
+        return _numbers_tensor(name, where, value, spec, allowance)
+    shape_list, leaves = _shape_and_leaves(value, where, allowance.max_tensor_elements)
     if spec is not None and not spec.parameters.get(ANY_DATATYPE):
         datatype = spec.datatype
     else:
-        datatype = _datatype_of_values(leaves, where, body, budget)
+        datatype = _datatype_of_values(leaves, where, body, allowance)
     shape = tuple(shape_list)
-    count = budget.claim(datatype, shape, where)
+    count = allowance.claim(datatype, shape, where)
     if datatype == "BYTES":
         items = [_element_bytes(leaf, where) for leaf in leaves]
-        budget.claim_bytes_items(items, where)
+        allowance.claim_bytes_items(items, where)
         array = np.empty(count, dtype=object)
         array[:] = items
     else:

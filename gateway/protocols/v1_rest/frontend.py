@@ -9,20 +9,22 @@ back as it is; elsewhere it is refused."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from aiohttp import web
 
+from gateway.config.listeners import ListenerConfig
 from gateway.config.node import Node
 from gateway.core.cache import TtlCache
 from gateway.core.errors import ErrorKind, GatewayError, unsupported
-from gateway.core.limits import TensorBudget
+from gateway.core.limits import TensorAllowance
 from gateway.core.record import REQUEST_ID_HEADER, Translating
 from gateway.core.types import InferRequest, RawPayload, RequestContext, TensorSpec
 from gateway.dataplane.routing import Route
+from gateway.protocols.base import DataPlaneApi
 from gateway.protocols.http_frontend import HttpFrontend
 from gateway.protocols.v1_rest import EXPLAIN_OPERATION, codec, errors
 from gateway.runtime.budget import admit_json
+from gateway.runtime.services import GatewayServices
 from gateway.transport.http_server.aiohttp_app import error_middleware
 from gateway.transport.http_server.body import accepted_coding
 from gateway.transport.http_server.exchange import Handler, HttpReply, HttpRequest, compress, json_reply
@@ -47,8 +49,8 @@ class V1RestFrontend(HttpFrontend):
         value = node.duration("metadata_ttl", DEFAULT_METADATA_TTL)
         return ListenerOptions(float(value) if value is not None else DEFAULT_METADATA_TTL)
 
-    def __init__(self, *args: Any) -> None:
-        super().__init__(*args)
+    def __init__(self, listener: ListenerConfig, dataplane: DataPlaneApi, services: GatewayServices) -> None:
+        super().__init__(listener, dataplane, services)
         options = self.listener.options
         self.options = options if isinstance(options, ListenerOptions) else ListenerOptions()
         self._inputs: TtlCache[tuple[TensorSpec, ...]] = TtlCache(self.options.metadata_ttl)
@@ -122,7 +124,7 @@ class V1RestFrontend(HttpFrontend):
         try:
             with Translating(ctx.record, "decode"):
                 predict = await offload.run(len(body), codec.decode_predict, body, specs,
-                                            TensorBudget.of(limits, reservation.grow))
+                                            TensorAllowance.of(limits, reservation.grow))
         except codec.NotTensors:
             if not self._takes_as_is(route):
                 raise
@@ -174,7 +176,7 @@ class V1RestFrontend(HttpFrontend):
         await admit_json(body, request.reservation(), self.services.offload, self.services.config.limits,
                          "the request body")
         call = InferRequest(model, version, ctx.request_id, raw=RawPayload(PROTOCOL, body, codec.JSON_TYPE))
-        answer = await self.dataplane.call_extension(EXPLAIN_OPERATION, call, ctx)
+        answer = await self.dataplane.call_operation(EXPLAIN_OPERATION, call, ctx)
         if not isinstance(answer, RawPayload):
             raise GatewayError(ErrorKind.INTERNAL, f"the upstream's explanation came as {type(answer).__name__}")
         return HttpReply(200, [answer.body], answer.content_type or codec.JSON_TYPE,

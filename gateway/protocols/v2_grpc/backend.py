@@ -22,22 +22,25 @@ from typing import TYPE_CHECKING, Any
 import grpc
 from google.protobuf.message import DecodeError
 
+from gateway.config.address import Address
 from gateway.config.node import Node
+from gateway.config.upstreams import UpstreamConfig
 from gateway.core.contracts import StreamedResponse
 from gateway.core.errors import CONNECT_FAILURE, ErrorKind, GatewayError, malformed
 from gateway.core.record import PASSTHROUGH_REQUEST_ONLY, PASSTHROUGH_TRANSLATED
 from gateway.core.types import (
     MODEL_CONFIG_OPERATION,
-    ExtensionRequest,
     InferRequest,
     InferResponse,
     ModelMetadata,
+    OperationRequest,
     RawPayload,
     RequestContext,
 )
 from gateway.protocols.base import UpstreamClient
 from gateway.protocols.v2_grpc import codec, extensions, passthrough, upstream_stream
 from gateway.protocols.v2_grpc import messages as pb
+from gateway.runtime.services import GatewayServices
 from gateway.runtime.tls import grpc_channel_credentials, grpc_channel_options
 from gateway.transport.upstream import (
     HOLD_LAST,
@@ -77,8 +80,8 @@ class V2GrpcClient(UpstreamClient):
                                    node.choice("stream_form", upstream_stream.FORMS, upstream_stream.AUTO),
                                    parse_stream_relay(node))
 
-    def __init__(self, *args: Any) -> None:
-        super().__init__(*args)
+    def __init__(self, upstream: UpstreamConfig, endpoint: Address | None, services: GatewayServices) -> None:
+        super().__init__(upstream, endpoint, services)
         options: GrpcUpstreamOptions = self.upstream.options or GrpcUpstreamOptions()
         self.max_response = response_limit(options.max_response_bytes, self.services)
         self._calls: dict[str, Any] = {}
@@ -294,11 +297,11 @@ class V2GrpcClient(UpstreamClient):
             return []
         return extensions.index_from_message(reply)
 
-    async def call_extension(self, operation: str, request: Any, ctx: RequestContext) -> Any:
+    async def call_operation(self, operation: str, request: OperationRequest, ctx: RequestContext) -> Any:
         """``model_config``: Triton's ``ModelConfig`` RPC; servers without it
         answer UNIMPLEMENTED and the gateway synthesizes one."""
-        if operation != MODEL_CONFIG_OPERATION or not isinstance(request, ExtensionRequest):
-            return await super().call_extension(operation, request, ctx)
+        if operation != MODEL_CONFIG_OPERATION or not isinstance(request, OperationRequest):
+            return await super().call_operation(operation, request, ctx)
         inner = request.request
         reply = await self._call("ModelConfig", pb.ModelConfigRequest(name=inner.model_name,
                                                                         version=inner.model_version), ctx)

@@ -29,7 +29,7 @@ from gateway.core.errors import (
     invalid,
     malformed,
 )
-from gateway.core.limits import TensorBudget
+from gateway.core.limits import TensorAllowance
 from gateway.core.tensors import array_from_raw, array_to_raw
 from gateway.core.types import (
     NUMPY_DTYPES,
@@ -174,7 +174,7 @@ def parameters_to_proto(parameters: Mapping[str, Any], target: Any) -> None:
 
 
 def _typed_array(contents: Any, datatype: str, shape: tuple[int, ...], count: int, where: str,
-                 budget: TensorBudget) -> np.ndarray:
+                 allowance: TensorAllowance) -> np.ndarray:
     field = TYPED_FIELD.get(datatype)
     if field is None:
         raise invalid(f"{where}: {datatype} has no typed contents field; send it as raw contents")
@@ -186,7 +186,7 @@ def _typed_array(contents: Any, datatype: str, shape: tuple[int, ...], count: in
         raise invalid(f"{where}: has {len(values)} elements in '{field}' but shape {list(shape)} needs {count}")
     if datatype == "BYTES":
         items = list(values)
-        budget.claim_bytes_items(items, where)
+        allowance.claim_bytes_items(items, where)
         array = np.empty(count, dtype=object)
         array[:] = items
         return array.reshape(shape)
@@ -201,10 +201,10 @@ def _typed_array(contents: Any, datatype: str, shape: tuple[int, ...], count: in
 
 
 def decode_tensors(items: Any, raw_contents: Any, where: str, max_elements: int,
-                   budget: TensorBudget | None = None) -> list[Tensor]:
+                   allowance: TensorAllowance | None = None) -> list[Tensor]:
     """Input tensors of a request, or output tensors of a response. Every
-    shape is claimed from ``budget`` before any tensor data is read."""
-    budget = budget if budget is not None else TensorBudget.unlimited(max_elements)
+    shape is claimed from ``allowance`` before any tensor data is read."""
+    allowance = allowance if allowance is not None else TensorAllowance.unlimited(max_elements)
     items = list(items)  # each walk of a protobuf repeated field makes its element wrappers anew
     raw = list(raw_contents)
     # Inputs in a shared-memory region have no raw contents entry (tritonclient, Triton).
@@ -224,7 +224,7 @@ def decode_tensors(items: Any, raw_contents: Any, where: str, max_elements: int,
         label = f"{where} '{name[:100]}'"
         datatype = check_datatype(item.datatype, label)
         shape = tuple(item.shape)
-        heads.append((name, label, datatype, shape, budget.claim(datatype, shape, label)))
+        heads.append((name, label, datatype, shape, allowance.claim(datatype, shape, label)))
     tensors = []
     raw_index = 0
     for index, (item, (name, label, datatype, shape, count)) in enumerate(zip(items, heads, strict=True)):
@@ -233,10 +233,10 @@ def decode_tensors(items: Any, raw_contents: Any, where: str, max_elements: int,
                 raise invalid(f"{label}: has both '{shm.REGION}' and contents")
             data = shm.placeholder(datatype)  # read from the region by the frontend (extensions/shm.py)
         elif raw:
-            data = array_from_raw(memoryview(raw[raw_index]), datatype, shape, count, label, budget)
+            data = array_from_raw(memoryview(raw[raw_index]), datatype, shape, count, label, allowance)
             raw_index += 1
         elif item.HasField("contents"):
-            data = _typed_array(item.contents, datatype, shape, count, label, budget)
+            data = _typed_array(item.contents, datatype, shape, count, label, allowance)
         elif count == 0:
             data = np.empty(shape, dtype=NUMPY_DTYPES[datatype])
         else:
@@ -305,14 +305,14 @@ class RequestError(GatewayError):
 def decode_infer_request(data: bytes | memoryview, max_elements: int, limits: Limits | None = None,
                          charge: Callable[[int], None] | None = None) -> InferRequest:
     """A serialized ModelInferRequest; raw inputs stay views into ``data``.
-    ``limits`` (the gateway's) adds the request-wide tensor budget;
+    ``limits`` (the gateway's) adds the request-wide tensor allowance;
     ``charge`` takes what decoding will allocate beyond the message."""
     message, raw = _parse(data, pb.ModelInferRequest, "raw_input_contents")
     try:
         if not message.model_name:
             raise malformed("the request has no model_name")
-        budget = TensorBudget.of(limits, charge) if limits is not None else None
-        inputs = decode_tensors(message.inputs, raw, "input", max_elements, budget)
+        allowance = TensorAllowance.of(limits, charge) if limits is not None else None
+        inputs = decode_tensors(message.inputs, raw, "input", max_elements, allowance)
         outputs = [RequestedOutput(o.name, parameters_from_proto(o.parameters)) for o in message.outputs]
         parameters = parameters_from_proto(message.parameters)
     except GatewayError as error:

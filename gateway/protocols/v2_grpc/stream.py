@@ -24,9 +24,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Hashable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 import grpc
 
@@ -35,9 +35,11 @@ from gateway.core.errors import ErrorKind, GatewayError
 from gateway.core.record import OUTCOME_CANCELLED
 from gateway.core.types import InferRequest, InferResponse, RequestContext
 from gateway.protocols.base import DataPlaneApi
+from gateway.protocols.triton import shm
 from gateway.protocols.v2_grpc import codec, rawwire
 from gateway.protocols.v2_grpc import messages as pb
 from gateway.runtime.budget import Reservation
+from gateway.runtime.services import GatewayServices
 from gateway.transport.cycle import RequestCycle
 
 log = logging.getLogger(__name__)
@@ -94,32 +96,32 @@ def empty_final(request: InferRequest) -> bytes:
     return pb.ModelStreamInferResponse(infer_response=head).SerializeToString()  # type: ignore[no-any-return]
 
 
-def sequence_key(request: InferRequest) -> Any:
+def sequence_key(request: InferRequest) -> Hashable:
     """The request's sequence (None when it belongs to none: 0 or empty)."""
     value = request.parameters.get(SEQUENCE_PARAMETER)
     return value if value not in (None, 0, "") else None
 
 
 class StreamHost(Protocol):
-    """What a session needs of its listener (frontend.V2GrpcFrontend)."""
+    """What a session needs of its frontend (frontend.V2GrpcFrontend)."""
 
-    services: Any
+    services: GatewayServices
     dataplane: DataPlaneApi
     cycle: RequestCycle  # the listener's: its limit counts the streams' requests too
 
     def stream_request_context(self, stream_ctx: RequestContext) -> RequestContext: ...
 
     async def decode_request(self, data: bytes, ctx: RequestContext,
-                             reservation: Reservation) -> tuple[InferRequest, Any]: ...
+                             reservation: Reservation) -> tuple[InferRequest, shm.Plan | None]: ...
 
     async def encode_reply(self, response: InferResponse, ctx: RequestContext, reservation: Reservation,
-                           regions: Any = None) -> bytes: ...
+                           regions: shm.Plan | None = None) -> bytes: ...
 
 
 class StreamSession:
     """One ModelStreamInfer call."""
 
-    def __init__(self, frontend: StreamHost, context: Any, stream_ctx: RequestContext) -> None:
+    def __init__(self, frontend: StreamHost, context: grpc.aio.ServicerContext, stream_ctx: RequestContext) -> None:
         self.frontend = frontend
         self.services = frontend.services
         self.context = context
@@ -130,7 +132,7 @@ class StreamSession:
             limits.stream_buffer_responses)
         self.slots = asyncio.Semaphore(limits.max_stream_requests)
         self.tasks: set[asyncio.Task[None]] = set()
-        self.sequences: dict[Any, asyncio.Task[None]] = {}  # sequence -> its latest request
+        self.sequences: dict[Hashable, asyncio.Task[None]] = {}  # sequence -> its latest request
         self.failure: BaseException | None = None
         self.closed = False  # the client is gone or the stream has ended: nothing more is sent
 
@@ -236,11 +238,11 @@ class StreamSession:
         task.add_done_callback(lambda done: self._end(state, done.cancelled()))
         task.add_done_callback(self.tasks.discard)
 
-    def _sequence_done(self, key: Any, task: asyncio.Task[None]) -> None:
+    def _sequence_done(self, key: Hashable, task: asyncio.Task[None]) -> None:
         if self.sequences.get(key) is task:
             del self.sequences[key]
 
-    async def _run(self, request: InferRequest, regions: Any, state: _Request,
+    async def _run(self, request: InferRequest, regions: shm.Plan | None, state: _Request,
                    previous: asyncio.Task[None] | None) -> None:
         ctx, record = state.ctx, state.ctx.record
         if previous is not None and not previous.done():  # a sequence's requests in order

@@ -35,17 +35,19 @@ from urllib.parse import quote
 
 import orjson
 
+from gateway.config.address import Address
 from gateway.config.node import Node
+from gateway.config.upstreams import UpstreamConfig
 from gateway.core.cache import TtlCache
 from gateway.core.contracts import StreamedResponse
 from gateway.core.errors import ErrorKind, GatewayError, malformed, unsupported
 from gateway.core.record import PASSTHROUGH_REQUEST_ONLY, PASSTHROUGH_TRANSLATED, PASSTHROUGH_VERBATIM
 from gateway.core.types import (
     MODEL_CONFIG_OPERATION,
-    ExtensionRequest,
     InferRequest,
     InferResponse,
     ModelMetadata,
+    OperationRequest,
     RawPayload,
     RequestContext,
     TensorSpec,
@@ -53,6 +55,7 @@ from gateway.core.types import (
 from gateway.protocols.base import UpstreamClient
 from gateway.protocols.v2_rest import codec
 from gateway.protocols.v2_rest.flat import METADATA_TTL, encode_flat_request, flat_answer_items
+from gateway.runtime.services import GatewayServices
 from gateway.runtime.tls import http_client_tls
 from gateway.transport.http_client.pool import UpstreamHttp
 from gateway.transport.http_client.reply import UpstreamReply as HttpReply  # renamed; the name here after the merge
@@ -100,8 +103,8 @@ class V2RestClient(UpstreamClient):
             stream_relay=parse_stream_relay(node),
         )
 
-    def __init__(self, *args: Any) -> None:
-        super().__init__(*args)
+    def __init__(self, upstream: UpstreamConfig, endpoint: Address | None, services: GatewayServices) -> None:
+        super().__init__(upstream, endpoint, services)
         self.options: RestUpstreamOptions = self.upstream.options or RestUpstreamOptions()
         self.max_response = response_limit(self.options.max_response_bytes, self.services)
         # Whether this endpoint takes binary tensors; None until learned.
@@ -378,11 +381,11 @@ class V2RestClient(UpstreamClient):
             return []
         return [e["name"] for e in entries if isinstance(e, dict) and isinstance(e.get("name"), str)]
 
-    async def call_extension(self, operation: str, request: Any, ctx: RequestContext) -> Any:
+    async def call_operation(self, operation: str, request: OperationRequest, ctx: RequestContext) -> Any:
         """``model_config``: Triton's ``GET .../config``; servers without it
         (MLServer, KServe) leave the gateway to synthesize one."""
-        if operation != MODEL_CONFIG_OPERATION or not isinstance(request, ExtensionRequest):
-            return await super().call_extension(operation, request, ctx)
+        if operation != MODEL_CONFIG_OPERATION or not isinstance(request, OperationRequest):
+            return await super().call_operation(operation, request, ctx)
         inner = request.request
         reply = await self._send("GET", self._model_path(inner.model_name, inner.model_version) + "/config", ctx=ctx)
         if reply.status in _NO_CONFIG_ENDPOINT:

@@ -22,7 +22,7 @@ import orjson
 from gateway.core import tensors
 from gateway.core.errors import ErrorKind, GatewayError, invalid, malformed
 from gateway.core.jsontext import UnportableJson, python_loads
-from gateway.core.limits import TensorBudget, check_json_depth, count_bytes
+from gateway.core.limits import TensorAllowance, check_json_depth, count_bytes
 from gateway.core.tensors import (
     JsonNumbers,
     array_from_json,
@@ -56,8 +56,8 @@ JSON_TYPE = "application/json"
 BINARY_TYPE = "application/octet-stream"
 
 _JSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY
-# How a tensor's JSON data is read: (data, datatype, shape, count, label, budget) -> array.
-ReadJson = Callable[[Any, str, tuple[int, ...], int, str, TensorBudget | None], np.ndarray]
+# How a tensor's JSON data is read: (data, datatype, shape, count, label, allowance) -> array.
+ReadJson = Callable[[Any, str, tuple[int, ...], int, str, TensorAllowance | None], np.ndarray]
 
 
 # --- errors ----------------------------------------------------------------
@@ -165,16 +165,16 @@ def _required(obj: dict[str, Any], key: str, kind: type, where: str) -> Any:
 
 
 def decode_tensors(items: Any, binary: memoryview, where: str, max_elements: int,
-                   budget: TensorBudget | None = None, read_json: ReadJson = array_from_json) -> list[Tensor]:
+                   allowance: TensorAllowance | None = None, read_json: ReadJson = array_from_json) -> list[Tensor]:
     """Tensor objects of a request's ``inputs`` or a response's ``outputs``
     (JSON data read by ``read_json``).
 
-    Two passes: every tensor's head is checked and claimed from ``budget``
+    Two passes: every tensor's head is checked and claimed from ``allowance``
     (the request's totals) before any tensor data is allocated.
     """
     if not isinstance(items, list):
         raise malformed(f"'{where}s' must be a list")
-    budget = budget if budget is not None else TensorBudget.unlimited(max_elements)
+    allowance = allowance if allowance is not None else TensorAllowance.unlimited(max_elements)
     heads: list[tuple[str, str, str, tuple[int, ...], int, dict[str, Any], Any]] = []
     for index, item in enumerate(items):
         if not isinstance(item, dict):
@@ -184,7 +184,7 @@ def decode_tensors(items: Any, binary: memoryview, where: str, max_elements: int
         datatype = check_datatype(_required(item, "datatype", str, label), label)
         shape_list = _required(item, "shape", list, label)
         try:
-            count = budget.claim(datatype, shape_list, label)
+            count = allowance.claim(datatype, shape_list, label)
         except GatewayError as error:
             # A shape over the limits whose JSON data plainly disagrees with it
             # is the client's mistake (400), not a request that is too big.
@@ -211,12 +211,12 @@ def decode_tensors(items: Any, binary: memoryview, where: str, max_elements: int
             if offset + size > len(binary):
                 raise invalid(f"{label}: {BINARY_DATA_SIZE} {size} overruns the binary data "
                               f"({len(binary) - offset} bytes left)")
-            data = array_from_raw(binary[offset:offset + size], datatype, shape, count, label, budget)
+            data = array_from_raw(binary[offset:offset + size], datatype, shape, count, label, allowance)
             offset += size
         elif shm.in_shared_memory(parameters):
             data = shm.placeholder(datatype)  # read from the region by the frontend (extensions/shm.py)
         else:
-            data = read_json(item["data"], datatype, shape, count, label, budget)
+            data = read_json(item["data"], datatype, shape, count, label, allowance)
         tensors.append(Tensor(name, datatype, shape, data, parameters))
     if offset != len(binary):
         raise invalid(f"{len(binary) - offset} bytes of binary data follow the last binary {where} "
@@ -242,7 +242,7 @@ def decode_infer_request(body: bytes | bytearray, header_length: str | None, mod
                          max_elements: int, limits: Limits | None = None, *, keep_raw: bool = False,
                          depth_checked: bool = False, charge: Callable[[int], None] | None = None) -> InferRequest:
     """A client's infer request; ``limits`` (the gateway's) adds the
-    request-wide tensor budget and the JSON nesting bound (unless the caller
+    request-wide tensor allowance and the JSON nesting bound (unless the caller
     has ``depth_checked`` it); ``charge`` takes what decoding will allocate
     beyond the body (the memory budget). ``keep_raw``: the request keeps the
     client's bytes (``raw``) for a pass-through, unless its JSON might hold a
@@ -255,8 +255,8 @@ def decode_infer_request(body: bytes | bytearray, header_length: str | None, mod
     obj = load_infer_json(text, "the request", "inputs", charge)
     request_id = _optional(obj, "id", str, "request", "")
     parameters = dict(_optional(obj, "parameters", dict, "request", {}))
-    budget = TensorBudget.of(limits, charge) if limits is not None else None
-    inputs = decode_tensors(_required(obj, "inputs", list, "request"), binary, "input", max_elements, budget)
+    allowance = TensorAllowance.of(limits, charge) if limits is not None else None
+    inputs = decode_tensors(_required(obj, "inputs", list, "request"), binary, "input", max_elements, allowance)
     outputs: list[RequestedOutput] = []
     for index, item in enumerate(_optional(obj, "outputs", list, "request", [])):
         if not isinstance(item, dict):

@@ -29,7 +29,7 @@ from gateway.protocols.v2_rest.codec import JSON_TYPE, load_json_object
 AiohttpHandler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-class Listener(Protocol):
+class ExtensionsHost(Protocol):
     """What these routes need of the V2 REST frontend (which imports them)."""
 
     extensions: Extensions
@@ -97,7 +97,7 @@ def _json(value: Any) -> web.Response:
 # --- routes -------------------------------------------------------------------
 
 
-def add_routes(router: web.UrlDispatcher, frontend: Listener) -> None:
+def add_routes(router: web.UrlDispatcher, frontend: ExtensionsHost) -> None:
     """Register before the model routes: ``GET /v2/models/stats`` must win
     over ``GET /v2/models/{model}``, as on Triton."""
     handlers = RestExtensionHandlers(frontend)
@@ -133,7 +133,7 @@ def refusal(reason: str) -> AiohttpHandler:
 
 
 class RestExtensionHandlers:
-    def __init__(self, frontend: Listener) -> None:
+    def __init__(self, frontend: ExtensionsHost) -> None:
         self.frontend = frontend
         self.extensions = frontend.extensions
 

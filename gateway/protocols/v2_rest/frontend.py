@@ -75,7 +75,7 @@ class V2RestFrontend(HttpFrontend):
     def error_reply(self, error: GatewayError, status: int | None) -> HttpReply:
         return error_reply(error, status)
 
-    def context(self, request: web.Request) -> Any:
+    def context(self, request: web.Request) -> RequestContext:
         """The context of a request served by the aiohttp app (extensions)."""
         return request_context(request, self.listener.name, PROTOCOL)
 

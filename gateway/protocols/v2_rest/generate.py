@@ -25,7 +25,7 @@ from aiohttp import web
 from gateway.core.cache import TtlCache
 from gateway.core.contracts import StreamedResponse
 from gateway.core.errors import ErrorKind, GatewayError, invalid, malformed
-from gateway.core.limits import BYTES_ELEMENT_COST, TensorBudget
+from gateway.core.limits import BYTES_ELEMENT_COST, TensorAllowance
 from gateway.core.record import OUTCOME_CANCELLED, REQUEST_ID_HEADER
 from gateway.core.tensors import written_as_integers
 from gateway.core.types import (
@@ -54,6 +54,8 @@ from gateway.transport.http_server.sse import SSE_CONTENT_TYPE, encode_event
 
 if TYPE_CHECKING:
     from gateway.config.limits import Limits
+    from gateway.config.listeners import ListenerConfig
+    from gateway.runtime.services import GatewayServices
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +122,7 @@ def decode_generate_request(body: bytes | bytearray, model: str, version: str, s
         names = ", ".join(f"'{spec.name}'" for spec in specs[:20])
         raise invalid(f"the generate request names none of the inputs of model '{model}' ({names})")
     inputs = codec.decode_tensors(items, _NO_BINARY, "input", limits.max_tensor_elements,
-                                  TensorBudget.of(limits, charge))
+                                  TensorAllowance.of(limits, charge))
     return InferRequest(model, version, "", inputs, [], parameters)
 
 
@@ -161,8 +163,8 @@ class GenerateHost(Protocol):
     """What the handlers need of the V2 REST frontend (which imports them)."""
 
     dataplane: DataPlaneApi
-    services: Any
-    listener: Any
+    services: GatewayServices
+    listener: ListenerConfig
 
     def http_request(self, request: web.Request) -> HttpRequest: ...
 

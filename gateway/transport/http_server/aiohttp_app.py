@@ -29,6 +29,7 @@ from aiohttp.http_exceptions import (
     LineTooLong,
     TransferEncodingError,
 )
+from aiohttp.typedefs import Middleware
 from aiohttp.web_protocol import RequestHandler
 from multidict import CIMultiDict, CIMultiDictProxy
 
@@ -40,6 +41,7 @@ from gateway.core.record import (
 from gateway.core.types import RequestContext
 from gateway.runtime.budget import Reservation
 from gateway.runtime.offload import Offloader
+from gateway.runtime.services import GatewayServices
 from gateway.transport.acceptor import Acceptor, bind
 from gateway.transport.cycle import Form, RequestCycle
 from gateway.transport.http_server.body import decompress, request_coding
@@ -108,7 +110,7 @@ async def _read_exactly(request: web.Request, size: int) -> bytearray:
 
 
 def error_middleware(respond: Callable[[GatewayError, int | None], web.StreamResponse],
-                     http_kinds: Mapping[int, ErrorKind]) -> Any:
+                     http_kinds: Mapping[int, ErrorKind]) -> Middleware:
     """Middleware that answers every failure as ``respond(error, status)``:
     a GatewayError with its kind's status (``status`` None), aiohttp's HTTP
     errors (unknown path, wrong method, ...) with their own status and the
@@ -146,7 +148,7 @@ def error_middleware(respond: Callable[[GatewayError, int | None], web.StreamRes
             return respond(internal, None)
 
     return middleware
-# --- request context and observability (issue 7) ------------------------------
+# --- request context and observability ----------------------------------------
 
 CONTEXT = web.RequestKey("gateway_context", RequestContext)
 
@@ -247,7 +249,7 @@ class RecordingAccessLogger(AbstractAccessLogger):
     """aiohttp calls this once the response is sent (or the send failed):
     the moment sizes and the full duration are known."""
 
-    services: Any = None  # set per frontend by access_logger_class
+    services: GatewayServices  # set per frontend by access_logger_class
     status_kinds: Mapping[int, ErrorKind] = MappingProxyType({})  # the frontend's (HttpFrontend.status_kinds)
 
     def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
@@ -267,13 +269,11 @@ class RecordingAccessLogger(AbstractAccessLogger):
         finish_request(self.services, ctx)
 
 
-def access_logger_class(services: Any, status_kinds: Mapping[int, ErrorKind]) -> type[AbstractAccessLogger]:
+def access_logger_class(services: GatewayServices, status_kinds: Mapping[int, ErrorKind]) -> type[AbstractAccessLogger]:
     return type("GatewayAccessLogger", (RecordingAccessLogger,), {"services": services, "status_kinds": status_kinds})
 
 
 # --- listener limits: connections, concurrent requests, malformed HTTP --------------
-
-Render = Callable[[GatewayError, "int | None"], web.StreamResponse]
 
 # Set on an HTTP/1.1 request that carried `Expect` (its value) until the
 # guard answers `100 Continue`. The header is hidden from aiohttp, which
@@ -324,6 +324,7 @@ class _GuardedRequestHandler(RequestHandler):
         head (or about to), or still in its TLS handshake."""
         if self.transport is None:
             return True
+        # RequestHandler tells its state only through these (no public way).
         if self._messages:  # a pipelined request, parsed
             return False
         waiter = self._waiter
@@ -359,11 +360,12 @@ class _GuardedRequestHandler(RequestHandler):
             # client holds its body back, so neither wait for it (aiohttp
             # would, up to its lingering time) nor keep the connection.
             resp.force_close()
-            self._lingering_time = 0.0
+            self._lingering_time = 0.0  # per handler: aiohttp offers no public setter
         return await super().finish_response(request, resp, start_time)
 
-    def handle_error(self, request: Any, status: int = 500, exc: BaseException | None = None,
+    def handle_error(self, request: web.BaseRequest, status: int = 500, exc: BaseException | None = None,
                      message: str | None = None) -> web.StreamResponse:
+        # No manager (aiohttp's own check): the server is shutting down.
         if status == 500 or request.writer.output_size > 0 or self._manager is None:
             return super().handle_error(request, status, exc, message)
         if isinstance(exc, LineTooLong) or (isinstance(exc, BadHttpMessage) and "Too many headers" in str(exc)):
@@ -440,6 +442,7 @@ class _GuardedServer(web.Server):
         return self._handler()
 
     def _handler(self) -> _GuardedRequestHandler:
+        # As web.Server.__call__ makes its handlers; it takes no handler class.
         handler = _GuardedRequestHandler(self, loop=self._loop, **self._kwargs)
         handler.guard = self.guard
         return handler
@@ -458,6 +461,7 @@ class _GuardedServer(web.Server):
         protocol.connecting = task
 
     def failed(self, protocol: asyncio.BaseProtocol) -> None:
+        assert isinstance(protocol, (_GuardedRequestHandler, FastConnection))
         self.guard.closed(protocol)
 
     def free_idle(self) -> bool:
@@ -485,7 +489,7 @@ class _GuardedSite(web.BaseSite):
         sockets = await bind(self._host, self._port, self._reuse_port, self._backlog)
         acceptor = Acceptor(sockets, server, server.guard.refusals, self._ssl_context, self._backlog)
         acceptor.start()
-        self._server = acceptor
+        self._server = acceptor  # BaseSite's slot: stop() closes it, runner.addresses lists its sockets
 
 
 

@@ -29,7 +29,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from email.utils import formatdate
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import unquote
 
 import httptools
@@ -51,6 +51,8 @@ from gateway.transport.http_server.exchange import (
 
 if TYPE_CHECKING:
     from gateway.runtime.budget import Reservation
+    from gateway.runtime.services import GatewayServices
+    from gateway.transport.http_server.guard import GuardedConnection, ListenerGuard
 
 log = logging.getLogger(__name__)
 
@@ -110,15 +112,15 @@ class FastRoutes:
 
 @dataclass
 class FastListener:
-    """What the fast protocol needs of its listener (an HttpFrontend)."""
+    """One listener as the fast protocol serves it (made by the listener's HttpFrontend)."""
 
     name: str
     protocol: str
-    services: Any  # GatewayServices
+    services: GatewayServices
     routes: FastRoutes
-    guard: Any  # gateway.transport.http_server.guard.ListenerGuard
+    guard: ListenerGuard
     render: Callable[[GatewayError, int | None], HttpReply]  # the protocol's error form
-    handoff: Callable[[], asyncio.Protocol]  # a new aiohttp connection handler
+    handoff: Callable[[], asyncio.Protocol]  # a new aiohttp connection handler (a GuardedConnection)
     cycle: RequestCycle  # the listener's, shared with its aiohttp app
     draining: Callable[[], bool]
     max_body: int
@@ -500,7 +502,7 @@ class FastConnection(asyncio.Protocol):
         self._handed_off = True
         self.listener.connections.discard(self)
         handler = self.listener.handoff()
-        self.listener.guard.replace(self, handler)
+        self.listener.guard.replace(self, cast("GuardedConnection", handler))
         transport.set_protocol(handler)
         handler.connection_made(transport)
         if not self._reading:

@@ -5,15 +5,35 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Protocol
+
+from aiohttp import web
 
 from gateway.core.errors import GatewayError
 from gateway.transport.acceptor import RefusalLog
 
 # An error in the listener's protocol form, for its aiohttp app (the fast path renders its own).
-Render = Callable[[GatewayError, "int | None"], Any]
+Render = Callable[[GatewayError, "int | None"], web.StreamResponse]
 
 log = logging.getLogger(__name__)
+
+
+class GuardedConnection(Protocol):
+    """What the guard needs of a connection: the fast path's FastConnection
+    and the aiohttp app's request handler both are one."""
+
+    over_limit: bool  # admitted past limits.max_connections: its first request is refused
+    counted: bool  # among the guard's connections until closed
+
+    @property
+    def idle(self) -> bool:
+        """Waiting for its next request head (or still in its TLS handshake)."""
+
+    @property
+    def peername(self) -> object: ...
+
+    def evict(self) -> None:
+        """Close it now (it is idle)."""
 
 
 class ListenerGuard:
@@ -36,7 +56,7 @@ class ListenerGuard:
         self.connections = 0  # accepted and not closed yet
         self.refusals = RefusalLog(listener)
         # Connections between requests, in the order they got there (oldest first).
-        self._waiting: dict[Any, None] = {}  # aiohttp handlers and fast connections
+        self._waiting: dict[GuardedConnection, None] = {}  # aiohttp handlers and fast connections
 
     # --- connections (called by the listener's Acceptor and handlers) ---
 
@@ -56,23 +76,23 @@ class ListenerGuard:
                                   "answered overloaded")
         return over_limit
 
-    def opened(self, handler: Any, over_limit: bool) -> None:
+    def opened(self, handler: GuardedConnection, over_limit: bool) -> None:
         """An admitted connection has its handler (it is not connected yet)."""
         handler.over_limit = over_limit
         handler.counted = True
         self._waiting[handler] = None
 
-    def closed(self, handler: Any) -> None:
+    def closed(self, handler: GuardedConnection) -> None:
         """A connection is gone."""
         if handler.counted:
             handler.counted = False
             self.connections -= 1
             self._waiting.pop(handler, None)
 
-    def request_started(self, handler: Any) -> None:
+    def request_started(self, handler: GuardedConnection) -> None:
         self._waiting.pop(handler, None)
 
-    def request_finished(self, handler: Any) -> None:
+    def request_finished(self, handler: GuardedConnection) -> None:
         if handler.counted:
             self._waiting[handler] = None  # the newest to wait
 
@@ -87,7 +107,7 @@ class ListenerGuard:
                 return True
         return False
 
-    def replace(self, old: Any, new: Any) -> None:
+    def replace(self, old: GuardedConnection, new: GuardedConnection) -> None:
         """Connection ``old`` is handed over to protocol ``new`` (the fast
         path's to aiohttp's): counted once, as ``new`` from now on."""
         new.over_limit = old.over_limit
