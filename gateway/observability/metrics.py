@@ -93,6 +93,9 @@ def code_labels(status: str) -> tuple[str, str]:
     return (status, "") if status.isdigit() else ("", status)
 
 
+_TIMED_OUT = ErrorKind.UPSTREAM_TIMEOUT.value  # an enum's value is a property: read once
+
+
 def outcome_of(exc: BaseException | None) -> str:
     """The outcome label for an exception leaving an upstream attempt."""
     if exc is None:
@@ -100,7 +103,7 @@ def outcome_of(exc: BaseException | None) -> str:
     if isinstance(exc, GatewayError):
         return exc.kind.value
     if isinstance(exc, TimeoutError):
-        return ErrorKind.UPSTREAM_TIMEOUT.value
+        return _TIMED_OUT
     if isinstance(exc, asyncio.CancelledError):
         return OUTCOME_CANCELLED
     return ErrorKind.INTERNAL.value
@@ -133,9 +136,9 @@ class UpstreamCall:
         duration.observe(elapsed)
         outcome = outcome_of(exc)
         if outcome == OUTCOME_CANCELLED and self._deadline is not None and self._deadline.expired():
-            outcome = ErrorKind.UPSTREAM_TIMEOUT.value  # cut off by the request's deadline
+            outcome = _TIMED_OUT  # cut off by the request's deadline
         self._metrics._upstream_counter(self.upstream, self.endpoint, outcome).inc()
-        if outcome == ErrorKind.UPSTREAM_TIMEOUT.value:
+        if outcome == _TIMED_OUT:
             self._metrics.record_timeout(self.upstream)
         record = self._record
         record.upstream = self.upstream
