@@ -13,20 +13,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from support import GatewayProcess, write_config
+from support import BUILTIN_REST_CONFIG, GatewayProcess, write_config
 
 IDLE = 1.0  # limits.idle_timeout, seconds
 
-CONFIG = f"""
-admin: {{address: "127.0.0.1:0"}}
-limits: {{idle_timeout: {IDLE}s}}
-listeners:
-  - {{name: rest, protocol: v2-rest, address: "127.0.0.1:0"}}
-upstreams:
-  - {{name: local, protocol: builtin}}
-routes:
-  - upstream: local
-"""
+CONFIG = BUILTIN_REST_CONFIG + f"limits: {{idle_timeout: {IDLE}s}}\n"
 
 BODY = json.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [2], "data": [1, 2]}]}).encode()
 INFER = (b"POST /v2/models/identity/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
@@ -36,12 +27,8 @@ INFER = (b"POST /v2/models/identity/infer HTTP/1.1\r\nHost: x\r\nContent-Type: a
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     directory = tmp_path_factory.mktemp("idle")
-    gw = GatewayProcess(write_config(directory, CONFIG), directory / "gateway.log")
-    gw.start()
-    try:
+    with GatewayProcess(write_config(directory, CONFIG), directory / "gateway.log") as gw:
         yield gw
-    finally:
-        gw.stop()
 
 
 def answer(sock: socket.socket) -> tuple[int, dict[str, str]]:
