@@ -58,7 +58,8 @@ class Duration:
 
     def add(self, seconds: float) -> None:
         self.count += 1
-        self.ns += max(0, round(seconds * 1e9))
+        if seconds > 0:  # a clock step back counts as nothing
+            self.ns += round(seconds * 1e9)
 
 
 @dataclass(slots=True)
