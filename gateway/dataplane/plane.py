@@ -209,8 +209,10 @@ class DataPlane:
         generation = self._current
         route = self._resolve(generation, model, version, ctx)
         target, target_version = self._target(route, model, version)
-        known = [generation.clusters[name].clients[0].knows_model(target, target_version) for name in route.upstreams]
-        if known and all(k is False for k in known):
+        for name in route.upstreams:
+            if generation.clusters[name].clients[0].knows_model(target, target_version) is not False:
+                return route  # served, or the upstream cannot tell
+        if route.upstreams:
             raise model_not_found(model, version)
         return route
 
