@@ -14,9 +14,10 @@ or gRPC metadata on every upstream call.
 
 from __future__ import annotations
 
+import os
+import random
 import re
 import time
-import uuid
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -48,8 +49,16 @@ PASSTHROUGH_REQUEST_ONLY = "request_only"  # the client's bytes went up; the ans
 PASSTHROUGH_TRANSLATED = "translated"  # decoded and re-encoded both ways
 
 
+# Request ids need to be unique, not secret (a client may choose its own):
+# 128 bits of a generator seeded from the OS, a few times cheaper than
+# uuid4's os.urandom call, reseeded in a forked child so workers never share a sequence.
+_ids = random.Random()
+os.register_at_fork(after_in_child=_ids.seed)
+
+
 def new_request_id() -> str:
-    return uuid.uuid4().hex
+    """32 lower-case hex digits, as ``uuid.uuid4().hex``."""
+    return _ids.getrandbits(128).to_bytes(16, "big").hex()
 
 
 def accept_request_id(value: str | None) -> str:

@@ -210,8 +210,10 @@ class DataPlane:
         generation = self._current
         route = self._resolve(generation, model, version, ctx)
         target, target_version = self._target(route, model, version)
-        known = [generation.clusters[name].clients[0].knows_model(target, target_version) for name in route.upstreams]
-        if known and all(k is False for k in known):
+        for name in route.upstreams:
+            if generation.clusters[name].clients[0].knows_model(target, target_version) is not False:
+                return route  # served, or the upstream cannot tell
+        if route.upstreams:
             raise model_not_found(model, version)
         return route
 
@@ -256,7 +258,9 @@ class DataPlane:
             raise GatewayError(ErrorKind.UPSTREAM_TIMEOUT, "the request's deadline passed before it was sent upstream")
         by_client = client_left is not None and (configured is None or client_left < configured)
         budget = client_left if by_client else configured
-        if budget is not None and not by_client:
+        if budget is None:  # no deadline: no timer either
+            return await self._attempts(cluster, route, ctx, call, None, blame_timeouts=True, sequence=sequence)
+        if not by_client:
             # Backends see the effective deadline and can pass it on (gRPC timeout).
             ctx.deadline = time.monotonic() + budget
         try:
@@ -273,7 +277,7 @@ class DataPlane:
                                f"upstream '{cluster.name}' did not answer within {budget:g}s ({whose})") from None
 
     async def _attempts(self, cluster: Cluster, route: Route, ctx: RequestContext,
-                        call: Callable[[Backend], Awaitable[T]], deadline: asyncio.Timeout,
+                        call: Callable[[Backend], Awaitable[T]], deadline: asyncio.Timeout | None,
                         blame_timeouts: bool, sequence: SequenceStep | None = None) -> T:
         policy = route.config.retry
         hash_header = cluster.config.load_balancing.header
@@ -291,21 +295,25 @@ class DataPlane:
                 tried.add(lease.endpoint)
                 record = UpstreamAttempt(cluster.name, lease.endpoint.address, time.monotonic())
                 ctx.attempts.append(record)
+                per_try = None
                 try:
                     # One measured attempt; outside the per-try timeout so it sees TimeoutError.
                     with self.metrics.upstream_call(ctx.record, cluster.name, lease.endpoint.address, deadline):
-                        async with asyncio.timeout(policy.per_try_timeout) as per_try:
+                        if policy.per_try_timeout is None:
                             result = await call(lease.client)
+                        else:
+                            async with asyncio.timeout(policy.per_try_timeout) as per_try:
+                                result = await call(lease.client)
                 except asyncio.CancelledError:
                     # The request's deadline (the endpoint's fault only if the
                     # gateway set it) or the downstream going away.
-                    timed_out = deadline.expired()
+                    timed_out = deadline is not None and deadline.expired()
                     lease.release(TIMEOUT if timed_out else None, blame_endpoint=blame_timeouts)
                     record.outcome = TIMEOUT if timed_out else "cancelled"
                     raise
                 except Exception as exc:
-                    reason, error = self._failure(exc, per_try.expired(), policy.per_try_timeout, lease.endpoint,
-                                                  cluster)
+                    reason, error = self._failure(exc, per_try is not None and per_try.expired(),
+                                                  policy.per_try_timeout, lease.endpoint, cluster)
                     lease.release(reason)
                     record.outcome = reason or error.kind.value
                     _log_failure(ctx, attempt, cluster.name, lease.endpoint.address, reason, error, exc)

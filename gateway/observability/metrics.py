@@ -48,6 +48,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 
 from gateway.core.errors import ErrorKind, GatewayError
 from gateway.core.record import OUTCOME_CANCELLED, OUTCOME_OK, RequestRecord
+from gateway.observability.folded import FoldedCounter, FoldedGauge, FoldedHistogram
 
 # Buckets per metric, fitted to its range (each bucket is one series per
 # label set: docs/observability.md, "Cardinality").
@@ -92,6 +93,9 @@ def code_labels(status: str) -> tuple[str, str]:
     return (status, "") if status.isdigit() else ("", status)
 
 
+_TIMED_OUT = ErrorKind.UPSTREAM_TIMEOUT.value  # an enum's value is a property: read once
+
+
 def outcome_of(exc: BaseException | None) -> str:
     """The outcome label for an exception leaving an upstream attempt."""
     if exc is None:
@@ -99,7 +103,7 @@ def outcome_of(exc: BaseException | None) -> str:
     if isinstance(exc, GatewayError):
         return exc.kind.value
     if isinstance(exc, TimeoutError):
-        return ErrorKind.UPSTREAM_TIMEOUT.value
+        return _TIMED_OUT
     if isinstance(exc, asyncio.CancelledError):
         return OUTCOME_CANCELLED
     return ErrorKind.INTERNAL.value
@@ -132,15 +136,60 @@ class UpstreamCall:
         duration.observe(elapsed)
         outcome = outcome_of(exc)
         if outcome == OUTCOME_CANCELLED and self._deadline is not None and self._deadline.expired():
-            outcome = ErrorKind.UPSTREAM_TIMEOUT.value  # cut off by the request's deadline
+            outcome = _TIMED_OUT  # cut off by the request's deadline
         self._metrics._upstream_counter(self.upstream, self.endpoint, outcome).inc()
-        if outcome == ErrorKind.UPSTREAM_TIMEOUT.value:
+        if outcome == _TIMED_OUT:
             self._metrics.record_timeout(self.upstream)
         record = self._record
         record.upstream = self.upstream
         record.endpoint = self.endpoint
         record.upstream_seconds += elapsed
         record.upstream_attempts += 1
+
+
+class _RequestSeries:
+    """The series of one (listener, protocol, operation, model): its children
+    bound once, so a request costs a look-up or two, not a ``labels()`` each."""
+
+    __slots__ = ("_counters", "_labels", "_metrics", "_passthrough", "decode", "duration", "encode",
+                 "request_size", "response_size")
+
+    def __init__(self, metrics: GatewayMetrics, listener: str, protocol: str, operation: str, model: str) -> None:
+        self._metrics = metrics
+        self._labels = (listener, protocol, operation, model)
+        self.duration = metrics.request_duration.labels(listener, protocol, operation, model)
+        self.request_size = metrics.request_size.labels(listener, protocol, operation)
+        self.response_size = metrics.response_size.labels(listener, protocol, operation)
+        self.decode: Any = None  # the frontend's translation series, made when first observed
+        self.encode: Any = None
+        self._counters: dict[tuple[str, str, str, str], Any] = {}  # by route, upstream, status, outcome
+        self._passthrough: dict[tuple[str, str], Any] = {}  # by upstream, mode
+
+    def observe(self, record: RequestRecord, duration: float) -> None:
+        key = (record.route, record.upstream, record.status, record.outcome)
+        counter = self._counters.get(key)
+        if counter is None:
+            counter = self._counters[key] = self._metrics.requests.labels(
+                *self._labels, record.route, record.upstream, *code_labels(record.status), record.outcome)
+        counter.inc()
+        self.duration.observe(duration)
+        self.request_size.observe(record.request_bytes)
+        self.response_size.observe(record.response_bytes)
+        if record.passthrough:
+            mode = (record.upstream, record.passthrough)
+            child = self._passthrough.get(mode)
+            if child is None:
+                listener, protocol = self._labels[:2]
+                child = self._passthrough[mode] = self._metrics.passthrough.labels(listener, protocol, *mode)
+            child.inc()
+        if record.decode_seconds:
+            if self.decode is None:
+                self.decode = self._metrics.translation.labels("frontend", self._labels[1], "decode")
+            self.decode.observe(record.decode_seconds)
+        if record.encode_seconds:
+            if self.encode is None:
+                self.encode = self._metrics.translation.labels("frontend", self._labels[1], "encode")
+            self.encode.observe(record.encode_seconds)
 
 
 class GatewayMetrics:
@@ -155,45 +204,52 @@ class GatewayMetrics:
         self.max_model_labels = max_model_labels
         self._models: set[str] = {m for m in known_models if len(m) <= MAX_MODEL_LABEL_CHARS}
         self._cache: dict[tuple[Any, ...], Any] = {}
+        self._request_series: dict[tuple[str, str, str, str], _RequestSeries] = {}
         r = registry
 
-        self.requests = Counter(
+        # The series every request records, only ever on the event loop's
+        # thread: plain numbers in one process (folded.py), prometheus-client's
+        # shared files when there are workers.
+        counter = Counter if multiprocess_dir else FoldedCounter
+        histogram = Histogram if multiprocess_dir else FoldedHistogram
+        gauge = Gauge if multiprocess_dir else FoldedGauge
+        self.requests = counter(
             "gateway_requests", "Downstream requests answered, by listener, frontend protocol, operation, "
             "model, route, upstream, status (http_code or grpc_code, the other empty) and outcome (ok or an "
             "error kind).", (*REQUEST_LABELS, *CODE_LABELS, "outcome"), registry=r)
-        self.request_duration = Histogram(
+        self.request_duration = histogram(
             "gateway_request_duration_seconds", "End-to-end time from request received to response sent.",
             DURATION_LABELS, buckets=LATENCY_BUCKETS, registry=r)
-        self.request_size = Histogram(
+        self.request_size = histogram(
             "gateway_request_size_bytes", "Request body size as received (after transfer coding).",
             SIZE_LABELS, buckets=SIZE_BUCKETS, registry=r)
-        self.response_size = Histogram(
+        self.response_size = histogram(
             "gateway_response_size_bytes", "Response body size as sent (after compression).",
             SIZE_LABELS, buckets=SIZE_BUCKETS, registry=r)
-        self.in_flight = Gauge(
+        self.in_flight = gauge(
             "gateway_requests_in_flight", "Downstream requests being handled.",
             ("listener", "protocol"), multiprocess_mode="livesum", registry=r)
-        self.translation = Histogram(
+        self.translation = histogram(
             "gateway_translation_duration_seconds", "Time translating between a wire format and the "
             "canonical types; side is frontend or backend, stage is decode or encode.",
             ("side", "protocol", "stage"), buckets=TRANSLATION_BUCKETS, registry=r)
-        self.passthrough = Counter(
+        self.passthrough = counter(
             "gateway_passthrough_requests", "Inference requests to an upstream of the client's own protocol, "
             "by how they were forwarded: verbatim, renamed (verbatim but the answer's model name rewritten), "
             "request_only (the answer translated) or translated.",
             ("listener", "protocol", "upstream", "mode"), registry=r)
-        self.upstream_requests = Counter(
+        self.upstream_requests = counter(
             "gateway_upstream_requests", "Upstream attempts by upstream, endpoint and outcome.",
             ("upstream", "endpoint", "outcome"), registry=r)
-        self.upstream_duration = Histogram(
+        self.upstream_duration = histogram(
             "gateway_upstream_request_duration_seconds", "Time of one upstream attempt, from sending the "
             "request to the decoded answer.", ("upstream", "operation"), buckets=LATENCY_BUCKETS, registry=r)
-        self.upstream_in_flight = Gauge(
+        self.upstream_in_flight = gauge(
             "gateway_upstream_requests_in_flight", "Upstream attempts under way.",
             ("upstream",), multiprocess_mode="livesum", registry=r)
         self.retries = Counter(
             "gateway_upstream_retries", "Upstream attempts that were retries.", ("upstream",), registry=r)
-        self.timeouts = Counter(
+        self.timeouts = counter(
             "gateway_upstream_timeouts", "Upstream attempts that ran out of time.", ("upstream",), registry=r)
         self.circuit_breaker_rejections = Counter(
             "gateway_circuit_breaker_rejections", "Requests refused because an upstream's circuit "
@@ -350,37 +406,11 @@ class GatewayMetrics:
 
     def observe_request(self, listener: str, protocol: str, record: RequestRecord, duration: float) -> None:
         """Record one finished downstream request (called once per request)."""
-        operation = record.operation
-        model = self.model_label(record.model, record.outcome)
-        labels = (listener, protocol, operation, model)
-        key = ("duration", *labels)  # cache keys: a tag, then the labels
-        duration_child = self._cache.get(key)
-        if duration_child is None:
-            duration_child = self._cache[key] = self.request_duration.labels(*labels)
-        size_key = ("sizes", listener, protocol, operation)
-        sizes = self._cache.get(size_key)
-        if sizes is None:
-            sizes = self._cache[size_key] = (self.request_size.labels(*size_key[1:]),
-                                             self.response_size.labels(*size_key[1:]))
-        counter_key = ("requests", *labels, record.route, record.upstream, record.status, record.outcome)
-        counter = self._cache.get(counter_key)
-        if counter is None:
-            counter = self._cache[counter_key] = self.requests.labels(
-                *labels, record.route, record.upstream, *code_labels(record.status), record.outcome)
-        counter.inc()
-        duration_child.observe(duration)
-        sizes[0].observe(record.request_bytes)
-        sizes[1].observe(record.response_bytes)
-        if record.passthrough:
-            key = ("passthrough", listener, protocol, record.upstream, record.passthrough)
-            child = self._cache.get(key)
-            if child is None:
-                child = self._cache[key] = self.passthrough.labels(*key[1:])
-            child.inc()
-        if record.decode_seconds:
-            self.observe_translation("frontend", protocol, "decode", record.decode_seconds)
-        if record.encode_seconds:
-            self.observe_translation("frontend", protocol, "encode", record.encode_seconds)
+        key = (listener, protocol, record.operation, self.model_label(record.model, record.outcome))
+        series = self._request_series.get(key)
+        if series is None:
+            series = self._request_series[key] = _RequestSeries(self, *key)
+        series.observe(record, duration)
 
     def observe_translation(self, side: str, protocol: str, stage: str, seconds: float) -> None:
         key = ("translation", side, protocol, stage)

@@ -43,10 +43,13 @@ def batch_size(inputs: list[Any]) -> int:
     """A request's batch size as the gateway can tell without asking the
     model: the leading dimension of the inputs when every input has at
     least two dimensions and they agree on it, else 1."""
-    leading = {tensor.shape[0] for tensor in inputs if len(tensor.shape) >= 2}
-    if len(leading) == 1 and all(len(tensor.shape) >= 2 for tensor in inputs):
-        return int(leading.pop())
-    return 1
+    size = None
+    for tensor in inputs:
+        shape = tensor.shape
+        if len(shape) < 2 or (size is not None and shape[0] != size):
+            return 1
+        size = shape[0]
+    return 1 if size is None else int(size)
 
 
 @dataclass(slots=True)
@@ -58,7 +61,8 @@ class Duration:
 
     def add(self, seconds: float) -> None:
         self.count += 1
-        self.ns += max(0, round(seconds * 1e9))
+        if seconds > 0:  # a clock step back counts as nothing
+            self.ns += round(seconds * 1e9)
 
 
 @dataclass(slots=True)

@@ -175,14 +175,23 @@ def decode_tensors(items: Any, binary: memoryview, where: str, max_elements: int
     if not isinstance(items, list):
         raise malformed(f"'{where}s' must be a list")
     allowance = allowance if allowance is not None else TensorAllowance.unlimited(max_elements)
-    heads: list[tuple[str, str, str, tuple[int, ...], int, dict[str, Any], Any]] = []
+    heads: list[tuple[str, str, str, tuple[int, ...], int, dict[str, Any], Any, bool]] = []
     for index, item in enumerate(items):
         if not isinstance(item, dict):
             raise malformed(f"{where} #{index} must be an object")
-        name = _required(item, "name", str, f"{where} #{index}")
+        # Each field read once; anything but the plain type goes through
+        # _required/_optional, which say what is wrong.
+        name = item.get("name")
+        if type(name) is not str:
+            name = _required(item, "name", str, f"{where} #{index}")
         label = f"{where} '{name}'"
-        datatype = check_datatype(_required(item, "datatype", str, label), label)
-        shape_list = _required(item, "shape", list, label)
+        datatype = item.get("datatype")
+        if type(datatype) is not str:
+            datatype = _required(item, "datatype", str, label)
+        datatype = check_datatype(datatype, label)
+        shape_list = item.get("shape")
+        if type(shape_list) is not list:
+            shape_list = _required(item, "shape", list, label)
         try:
             count = allowance.claim(datatype, shape_list, label)
         except GatewayError as error:
@@ -191,9 +200,12 @@ def decode_tensors(items: Any, binary: memoryview, where: str, max_elements: int
             if error.kind is ErrorKind.TOO_LARGE and isinstance(item.get("data"), list | JsonNumbers):
                 check_json_count(item["data"], shape_list, label)
             raise
-        parameters = dict(_optional(item, "parameters", dict, label, {}))
+        given = item.get("parameters", _ABSENT)
+        parameters = ({} if given is _ABSENT else dict(given) if type(given) is dict
+                      else dict(_optional(item, "parameters", dict, label, {})))
         size = parameters.pop(BINARY_DATA_SIZE, None)
-        if shm.in_shared_memory(parameters) and (size is not None or "data" in item):
+        shared = shm.in_shared_memory(parameters)
+        if shared and (size is not None or "data" in item):
             raise malformed(f"{label}: has both '{shm.REGION}' and "
                             + ("'data'" if "data" in item else f"'{BINARY_DATA_SIZE}'"))
         if size is not None:
@@ -201,19 +213,19 @@ def decode_tensors(items: Any, binary: memoryview, where: str, max_elements: int
                 raise malformed(f"{label}: '{BINARY_DATA_SIZE}' must be a non-negative integer")
             if "data" in item:
                 raise malformed(f"{label}: has both 'data' and '{BINARY_DATA_SIZE}'")
-        elif "data" not in item and not shm.in_shared_memory(parameters):
+        elif not shared and "data" not in item:
             raise malformed(f"{label}: has neither 'data' nor '{BINARY_DATA_SIZE}'")
-        heads.append((name, label, datatype, tuple(shape_list), count, parameters, size))
+        heads.append((name, label, datatype, tuple(shape_list), count, parameters, size, shared))
     tensors: list[Tensor] = []
     offset = 0
-    for (name, label, datatype, shape, count, parameters, size), item in zip(heads, items, strict=True):
+    for (name, label, datatype, shape, count, parameters, size, shared), item in zip(heads, items, strict=True):
         if size is not None:
             if offset + size > len(binary):
                 raise invalid(f"{label}: {BINARY_DATA_SIZE} {size} overruns the binary data "
                               f"({len(binary) - offset} bytes left)")
             data = array_from_raw(binary[offset:offset + size], datatype, shape, count, label, allowance)
             offset += size
-        elif shm.in_shared_memory(parameters):
+        elif shared:
             data = shm.placeholder(datatype)  # read from the region by the frontend (extensions/shm.py)
         else:
             data = read_json(item["data"], datatype, shape, count, label, allowance)
@@ -222,6 +234,9 @@ def decode_tensors(items: Any, binary: memoryview, where: str, max_elements: int
         raise invalid(f"{len(binary) - offset} bytes of binary data follow the last binary {where} "
                       f"(binary_data_size values do not add up to the body)")
     return tensors
+
+
+_ABSENT = object()  # a field the object does not have
 
 
 def split_body(body: bytes | bytearray, header_length: str | None) -> tuple[memoryview, memoryview]:

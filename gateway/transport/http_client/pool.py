@@ -188,12 +188,14 @@ class UpstreamHttp:
                 body: Body | Sequence[Body] | None) -> tuple[bytes, list[Body], int]:
         if body is None:
             parts: list[Body] = []
-        elif isinstance(body, (bytes, bytearray, memoryview)):
+            size = 0
+        elif isinstance(body, (bytes, bytearray)):  # the usual body: one part, its length
             parts = [body]
+            size = len(body)
         else:
-            parts = list(body)
-        parts = [p.cast("B") if isinstance(p, memoryview) and p.format != "B" else p for p in parts]
-        size = sum(p.nbytes if isinstance(p, memoryview) else len(p) for p in parts)
+            parts = [body] if isinstance(body, memoryview) else list(body)
+            parts = [p.cast("B") if isinstance(p, memoryview) and p.format != "B" else p for p in parts]
+            size = sum(p.nbytes if isinstance(p, memoryview) else len(p) for p in parts)
         lines = [f"{method} {path} HTTP/1.1\r\n", self._fixed_head]
         count = 1 + self._fixed_lines + 1  # the request line, the fixed fields, the blank line
         if headers:

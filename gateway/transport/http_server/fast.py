@@ -67,6 +67,7 @@ SMALL_ANSWER = 256 << 10
 WRITE_SLICE = 1 << 20
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 LINGERING_TIME = 10.0  # s, as aiohttp's: how long an unread body is read and dropped after an early answer
+_TIMER_SLACK = 0.001  # s: a timer may run this much before it is due (the loop's clock resolution)
 
 
 @dataclass(frozen=True, slots=True)
@@ -334,7 +335,11 @@ class FastConnection(asyncio.Protocol):
         self.request: FastRequest | None = None  # the request being handled
         self._task: asyncio.Task[None] | None = None
         self._discard = 0  # body bytes of an answered request still to drop
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: asyncio.TimerHandle | None = None  # lingering over an unread body
+        # Idle since (loop time; None while a request is handled): one timer
+        # checks it, moved on when it fires early, never made per request.
+        self._idle_since: float | None = None
+        self._idle_timer: asyncio.TimerHandle | None = None
         self._reading = True
         self._writable: asyncio.Future[None] | None = None
         self._closing = False  # close once the current answer is written
@@ -370,7 +375,7 @@ class FastConnection(asyncio.Protocol):
         self.listener.connections.discard(self)
         if not self._handed_off:
             self.listener.guard.closed(self)
-        self._cancel_timer()
+        self._stop_timers()
         self.transport = None
         if self._task is not None and not self._task.done() and not self._writing:
             self._task.cancel()  # the client went away: so does its upstream call
@@ -458,7 +463,7 @@ class FastConnection(asyncio.Protocol):
             self._refuse_head(httptools.HttpParserError("bad Content-Length"))
             return
         del buffer[:head_size]
-        self._cancel_timer()
+        self._idle_since = None  # busy: a head is whole
         route, params = matched
         listener = self.listener
         ctx = new_context(listener.name, listener.protocol, headers)
@@ -498,7 +503,7 @@ class FastConnection(asyncio.Protocol):
         an aiohttp connection handler."""
         transport = self.transport
         assert transport is not None
-        self._cancel_timer()
+        self._stop_timers()
         self._handed_off = True
         self.listener.connections.discard(self)
         handler = self.listener.handoff()
@@ -650,8 +655,11 @@ class FastConnection(asyncio.Protocol):
     # --- timers and flow control ---
 
     def _arm_idle_timer(self) -> None:
+        """Idle from now: closed after ``idle_timeout`` unless a head is whole by then."""
         loop = asyncio.get_running_loop()
-        self._timer = loop.call_later(self._idle_timeout, self._idle_expired)
+        self._idle_since = loop.time()
+        if self._idle_timer is None:
+            self._idle_timer = loop.call_at(self._idle_since + self._idle_timeout, self._idle_expired)
 
     def _lingering(self, seconds: float) -> None:
         """Drop the rest of an answered request's body; close if it has not
@@ -662,14 +670,27 @@ class FastConnection(asyncio.Protocol):
         self._timer = asyncio.get_running_loop().call_later(seconds, self._close)
 
     def _idle_expired(self) -> None:
-        self._timer = None
-        if self.request is None:
-            self._close()  # no head in time: idle keep-alive, or a head sent too slowly
+        self._idle_timer = None
+        if self._idle_since is None or self.request is not None:
+            return  # busy: armed again after the answer
+        loop = asyncio.get_running_loop()
+        due = self._idle_since + self._idle_timeout
+        if loop.time() + _TIMER_SLACK < due:  # idle again since the timer was set: wait for the rest
+            self._idle_timer = loop.call_at(due, self._idle_expired)
+            return
+        self._close()  # no head in time: idle keep-alive, or a head sent too slowly
 
     def _cancel_timer(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+
+    def _stop_timers(self) -> None:
+        self._cancel_timer()
+        self._idle_since = None
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
 
     def _pause_reading(self) -> None:
         if self._reading and self.transport is not None:
@@ -692,7 +713,7 @@ class FastConnection(asyncio.Protocol):
             self.transport.abort()
 
     def _close(self) -> None:
-        self._cancel_timer()
+        self._stop_timers()
         if self.transport is not None:
             self.transport.close()
 
