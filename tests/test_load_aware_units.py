@@ -197,17 +197,20 @@ async def test_without_max_queue_the_breaker_refuses_as_before_but_by_priority()
 
 
 def test_a_request_priority_comes_from_its_parameter_else_its_header_else_the_route() -> None:
-    assert request_priority(parameter_priority({"priority": 3}), {PRIORITY_HEADER: "1"}, 5) == 3
-    assert request_priority(parameter_priority({"priority": 0}), {PRIORITY_HEADER: " 2 "}, 5) == 2
-    assert request_priority(parameter_priority({}), {PRIORITY_HEADER: "0"}, 5) == 5
-    assert request_priority(0, {}, 0) == 0
+    def priority(parameters: dict[str, Any], headers: dict[str, str], route: int) -> int:
+        return parameter_priority(parameters) or request_priority(headers, route)  # as the data plane asks
+
+    assert priority({"priority": 3}, {PRIORITY_HEADER: "1"}, 5) == 3
+    assert priority({"priority": 0}, {PRIORITY_HEADER: " 2 "}, 5) == 2
+    assert priority({}, {PRIORITY_HEADER: "0"}, 5) == 5
+    assert priority({}, {}, 0) == 0
     for bad in ({"priority": -1}, {"priority": "high"}, {"priority": True}, {"priority": 1.5}):
         with pytest.raises(GatewayError) as caught:
             parameter_priority(bad)
         assert caught.value.kind is ErrorKind.INVALID_INPUT
     for text in ("high", "-1", "1e3", "٣", "9" * 30):
         with pytest.raises(GatewayError) as caught:
-            request_priority(0, {PRIORITY_HEADER: text}, 0)
+            request_priority({PRIORITY_HEADER: text}, 0)
         assert caught.value.kind is ErrorKind.INVALID_INPUT
 
 

@@ -279,7 +279,7 @@ class DataPlane:
         hash_header = cluster.config.load_balancing.header
         key = ctx.headers.get(hash_header) if hash_header else None
         pinned = _sequence_endpoint(cluster, sequence) if sequence is not None else None
-        priority = request_priority(ctx.priority, ctx.headers, route.config.priority)
+        priority = ctx.priority or request_priority(ctx.headers, route.config.priority)
         tried: set[Endpoint] = set()
         attempt = 0
         budgeted = False  # whether the current try is a retry held against the budget

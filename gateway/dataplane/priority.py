@@ -28,11 +28,9 @@ def parameter_priority(parameters: Mapping[str, Any]) -> int:
     return value
 
 
-def request_priority(own: int, headers: Mapping[str, str], route_default: int) -> int:
-    """The priority a request waits with: ``own`` (its parameter) if given,
-    else its header's, else ``route_default``."""
-    if own:
-        return own
+def request_priority(headers: Mapping[str, str], route_default: int) -> int:
+    """The priority of a request without its own parameter: its header's,
+    else ``route_default``."""
     text = headers.get(PRIORITY_HEADER)
     if text is not None:
         text = text.strip()

@@ -342,7 +342,7 @@ class Cluster:
 
     def try_acquire(self, key: str | None = None, exclude: set[Endpoint] | None = None) -> Lease | None:
         """A slot now, or None; never waits (mirrors use it)."""
-        return None if self._waiters else self._take(key, exclude or set())
+        return None if self._waiters.size else self._take(key, exclude or set())
 
     async def acquire(self, key: str | None = None, exclude: set[Endpoint] | None = None,
                       pinned: Endpoint | None = None, priority: int = 0) -> Lease:
@@ -353,7 +353,7 @@ class Cluster:
         refuses the newcomer, at once. The caller bounds the wait with its
         deadline."""
         exclude = exclude or set()
-        lease = None if self._waiters else self._take(key, exclude, pinned)
+        lease = None if self._waiters.size else self._take(key, exclude, pinned)
         if lease is not None:
             return lease
         waiter = Waiter(priority)
@@ -403,7 +403,7 @@ class Cluster:
                         "by least_request (counted in load_fallbacks_total)", self.name)
 
     def _wake_one(self) -> None:
-        if not self._waiters or not self._candidates(set()):
+        if not self._waiters.size or not self._candidates(set()):
             return
         for waiter in self._waiters:
             if not waiter.future.done():

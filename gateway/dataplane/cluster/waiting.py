@@ -42,15 +42,15 @@ class Waiter:
 class WaitLine:
     """Waiters by rank, first come first served within one rank."""
 
-    __slots__ = ("_count", "_levels", "_ranks")
+    __slots__ = ("_levels", "_ranks", "size")
 
     def __init__(self) -> None:
         self._levels: dict[int, collections.deque[Waiter]] = {}
         self._ranks: list[int] = []  # the ranks present, ascending
-        self._count = 0
+        self.size = 0  # waiters in line (an attribute: every acquire and release reads it)
 
     def __len__(self) -> int:
-        return self._count
+        return self.size
 
     def __iter__(self) -> Iterator[Waiter]:
         """In the order they go: highest priority first, oldest first."""
@@ -63,7 +63,7 @@ class WaitLine:
             level = self._levels[waiter.rank] = collections.deque()
             bisect.insort(self._ranks, waiter.rank)
         level.append(waiter)
-        self._count += 1
+        self.size += 1
 
     def remove(self, waiter: Waiter) -> None:
         """Take ``waiter`` out of the line, if it is still in it."""
@@ -74,7 +74,7 @@ class WaitLine:
             level.remove(waiter)
         except ValueError:
             return
-        self._count -= 1
+        self.size -= 1
         if not level:
             del self._levels[waiter.rank]
             self._ranks.remove(waiter.rank)
