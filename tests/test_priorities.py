@@ -125,28 +125,36 @@ async def test_the_shed_carry_retry_after(gateway: GatewayProcess, held: EchoSer
     assert [r.status for r in results] == [200] * 4
 
 
-async def test_grpc_requests_are_shed_as_resource_exhausted(gateway: GatewayProcess, held: EchoServer) -> None:
+async def test_grpc_requests_wait_by_their_priority_and_are_shed_as_resource_exhausted(
+        gateway: GatewayProcess, held: EchoServer) -> None:
     base = rest_base(gateway)
+
+    def grpc_call(priority: int) -> str:
+        with grpcclient.InferenceServerClient(gateway.url("grpc")) as client:
+            item = grpcclient.InferInput("x", [4], "INT32")
+            item.set_data_from_numpy(np.arange(4, dtype=np.int32))
+            try:
+                client.infer("plain", [item], priority=priority, client_timeout=20)
+            except InferenceServerException as error:
+                return f"{error.status()} {error.message()}"
+            return "ok"
+
     held.control(hold=True)
     try:
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
-            calls = [asyncio.ensure_future(infer(session, base, "urgent", timeout=30)) for _ in range(4)]
+            first = asyncio.ensure_future(infer(session, base, "plain", timeout=30))
+            await until(lambda: held.stats()["in_flight"] == 1, 10, "the first call held upstream")
+            lows = [asyncio.ensure_future(infer(session, base, "plain", timeout=30)) for _ in range(3)]
             await until(lambda: waiting(gateway) == 3, 10, "three waiting")
-
-            def grpc_call() -> str:
-                with grpcclient.InferenceServerClient(gateway.url("grpc")) as client:
-                    item = grpcclient.InferInput("x", [4], "INT32")
-                    item.set_data_from_numpy(np.arange(4, dtype=np.int32))
-                    try:
-                        client.infer("plain", [item], priority=2, client_timeout=20)
-                    except InferenceServerException as error:
-                        return f"{error.status()} {error.message()}"
-                    return "ok"
-
-            outcome = await asyncio.to_thread(grpc_call)
+            high = asyncio.ensure_future(asyncio.to_thread(grpc_call, 1))  # Triton's priority, over gRPC
+            await until(lambda: lows[2].done(), 10, "the newest low one shed for the gRPC request")
+            refused = await asyncio.to_thread(grpc_call, 0)  # no priority: the lowest, refused at once
+            assert not high.done() and waiting(gateway) == 3
             held.control(hold=False)
-            results = await asyncio.gather(*calls)
+            answered = await asyncio.gather(first, lows[0], lows[1])
+            outcome = await high
     finally:
         held.control(hold=False)
-    assert outcome.startswith("StatusCode.RESOURCE_EXHAUSTED") and "saturated" in outcome, outcome
-    assert [r.status for r in results] == [200] * 4
+    assert refused.startswith("StatusCode.RESOURCE_EXHAUSTED") and "saturated" in refused, refused
+    assert lows[2].result().status == 429
+    assert outcome == "ok" and [r.status for r in answered] == [200] * 3, (outcome, answered)
