@@ -15,6 +15,7 @@ import yaml
 
 from gateway.app.configure import parse_config
 from gateway.config.address import Address
+from gateway.config.model import starvation_warnings
 from gateway.config.upstreams import CircuitBreaker, LoadBalancing, LoadMetrics, UpstreamConfig
 from gateway.core.errors import ErrorKind, GatewayError
 from gateway.core.promtext import gauge_sum, parse_selector
@@ -243,6 +244,17 @@ def test_a_route_priority_is_a_level_from_1_to_32() -> None:
                for p in problems(base + "routes: [{upstream: u, priority: 33}]\n"))
     config = parse_config(yaml.safe_load(base + "routes: [{upstream: u, priority: 32}]\n"))
     assert config.routes[0].priority == 32
+
+
+def test_an_upstream_whose_line_can_hold_every_slot_is_warned_about() -> None:
+    base = ("limits: {max_concurrent_requests: 100}\nlisteners: []\nroutes: []\nupstreams:\n"
+            "  - {name: other, protocol: v2-rest, endpoints: ['127.0.0.1:2']}\n")
+    lined = parse_config(yaml.safe_load(base + "  - {name: u, protocol: v2-rest, endpoints: ['127.0.0.1:1'], "
+                                               "circuit_breaker: {max_requests: 10}, max_queue: 90}\n"))
+    assert [w for w in starvation_warnings(lined) if "'u'" in w and "max_queue (100)" in w]
+    short = parse_config(yaml.safe_load(base + "  - {name: u, protocol: v2-rest, endpoints: ['127.0.0.1:1'], "
+                                               "circuit_breaker: {max_requests: 10}, max_queue: 89}\n"))
+    assert not [w for w in starvation_warnings(short) if "'u'" in w]
 
 
 def test_load_metrics_presets_name_their_servers_gauges() -> None:

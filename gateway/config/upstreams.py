@@ -78,11 +78,6 @@ class CircuitBreaker:
     max_requests: int = 96  # in flight to the whole upstream
     max_pending: int = 32  # waiting for a free slot; more are rejected at once
 
-    @property
-    def holds(self) -> int:
-        """The most requests the upstream can hold: in flight and waiting."""
-        return self.max_requests + self.max_pending
-
 
 @dataclass(frozen=True, slots=True)
 class ConnectionPool:
@@ -154,6 +149,12 @@ class UpstreamConfig:
     # Requests waiting for a slot, by priority; past it the lowest priority is
     # shed (OVERLOADED). null: circuit_breaker.max_pending bounds the line.
     max_queue: int | None = None
+
+    @property
+    def holds(self) -> int:
+        """The most requests the upstream can hold: in flight and waiting."""
+        waiting = self.circuit_breaker.max_pending if self.max_queue is None else self.max_queue
+        return self.circuit_breaker.max_requests + waiting
 
     @property
     def endpoint_limit(self) -> int:
