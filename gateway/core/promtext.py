@@ -17,6 +17,8 @@ Labels = tuple[tuple[str, str], ...]
 _METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 _LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*(?:,|(?=\}|$))')
 _ESCAPE = re.compile(r"\\(.)")
+# Every label of a scraped line in one call (tolerant: the exposition is the server's, not ours to check).
+_EVERY_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"')
 
 
 def _unescape(text: str) -> str:
@@ -71,25 +73,29 @@ def gauge_sum(body: bytes, name: str, labels: Labels = ()) -> float | None:
         at_line_start = position == 0 or body[position - 1] in b"\n"
         after = position + len(needle)
         if at_line_start and after < line_end and body[after] in b"{ \t":
-            value = _sample(body[after:line_end].decode("utf-8", "replace"), labels)
+            value = _sample(body[after:line_end], labels)
             if value is not None and not math.isnan(value):
                 total, found = total + value, True
         position = line_end
 
 
-def _sample(rest: str, wanted: Labels) -> float | None:
-    """The value of one sample line after its name, if its labels match."""
-    end = 0
-    if rest.startswith("{"):
-        parsed = _labels(rest, 1)
-        if parsed is None:
+def _sample(rest: bytes, wanted: Labels) -> float | None:
+    """The value of one sample line after its name, if its labels match.
+    The last ``}`` closes the labels (what follows is numbers); they are
+    parsed only when some are wanted."""
+    if rest.startswith(b"{"):
+        close = rest.rfind(b"}")
+        if close < 0:
             return None
-        have, end = parsed
-        if wanted and not set(wanted) <= set(have):
-            return None
+        if wanted:
+            have = {(name, _unescape(value))
+                    for name, value in _EVERY_LABEL.findall(rest[1:close].decode("utf-8", "replace"))}
+            if not have.issuperset(wanted):
+                return None
+        rest = rest[close + 1:]
     elif wanted:
         return None
-    fields = rest[end:].split()
+    fields = rest.split()
     if not fields:
         return None
     try:

@@ -53,14 +53,13 @@ async def fetch_load(host: str, port: int, config: LoadMetrics) -> float:
         status = head.split(b" ", 2)
         if len(status) < 2 or status[1] != b"200":
             raise ScrapeFailed(f"answered {status[1].decode('ascii', 'replace')[:3] if len(status) > 1 else '?'}")
-        body = await reader.read(MAX_SCRAPE_BYTES + 1)
-        while body and len(body) <= MAX_SCRAPE_BYTES:
-            more = await reader.read(MAX_SCRAPE_BYTES + 1 - len(body))
-            if not more:
-                break
-            body += more
-        if len(body) > MAX_SCRAPE_BYTES:
-            raise ScrapeFailed(f"the exposition is larger than {MAX_SCRAPE_BYTES} bytes")
+        chunks, size = [], 0
+        while chunk := await reader.read(MAX_SCRAPE_BYTES + 1 - size):
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > MAX_SCRAPE_BYTES:
+                raise ScrapeFailed(f"the exposition is larger than {MAX_SCRAPE_BYTES} bytes")
+        body = b"".join(chunks)
     finally:
         writer.close()
     name, labels = config.selector
