@@ -233,7 +233,8 @@ def test_route_problems_name_their_yaml_path(routes: str, expected: str) -> None
     ("{name: u, protocol: fake, endpoints: ['127.0.0.1:1'], load_balancing: consistent_hash}",
      "upstreams[0].load_balancing: consistent_hash needs a header: {policy: consistent_hash, header: x-session-id}"),
     ("{name: u, protocol: fake, endpoints: ['127.0.0.1:1'], load_balancing: fastest}",
-     "upstreams[0].load_balancing: must be one of round_robin, least_request, consistent_hash; got 'fastest'"),
+     "upstreams[0].load_balancing: must be one of round_robin, least_request, consistent_hash, load_aware; "
+     "got 'fastest'"),
     ("{name: u, protocol: fake, endpoints: ['127.0.0.1:1'], load_balancing: {policy: round_robin, header: x}}",
      "upstreams[0].load_balancing.header: only applies to consistent_hash"),
     ("{name: u, protocol: fake, endpoints: ['127.0.0.1:1'], health_check: {interval: 0s}}",

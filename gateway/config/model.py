@@ -68,10 +68,11 @@ def starvation_warnings(config: GatewayConfig) -> list[str]:
     if len(config.upstreams) < 2:
         return []  # nothing else to starve
     slots = config.limits.max_concurrent_requests
-    return [f"upstream '{u.name}': circuit_breaker max_requests + max_pending ({u.circuit_breaker.holds}) is not "
+    return [f"upstream '{u.name}': circuit_breaker max_requests + "
+            f"{'max_pending' if u.max_queue is None else 'max_queue'} ({u.holds}) is not "
             f"below limits.max_concurrent_requests ({slots}); if it hangs, it can hold every request slot of a "
             "listener and other models there are refused"
-            for u in config.upstreams if u.endpoints and u.circuit_breaker.holds >= slots]
+            for u in config.upstreams if u.endpoints and u.holds >= slots]
 
 
 def _names_of(node: Node) -> list[str | None]:

@@ -86,6 +86,10 @@ class BatchingConfig:
     max_queue: int | None = None
 
 
+# Priority levels: 1 (highest) to MAX_PRIORITY; 0 means none given, ranked below them all.
+MAX_PRIORITY = 32
+
+
 # Upstream protocols a batch can go to (their requests are tensors with a batch dimension).
 BATCHING_PROTOCOLS = ("v2-rest", "v2-grpc", "builtin")
 # Longest max_delay_ms: a batching delay is milliseconds, not a request deadline.
@@ -109,6 +113,8 @@ class RouteConfig:
     forward_authorization: bool = False
     batching: BatchingConfig | None = None  # dynamic batching; absent or null: none
     policies: tuple[str, ...] = ()  # names of policies (filters) its requests pass, in order
+    # Its requests' priority when they carry none: 1 is the highest; 0: the lowest.
+    priority: int = 0
 
 
 def _string_match(node: Node, *, allow_present: bool = False) -> StringMatch | None:
@@ -315,12 +321,15 @@ def _route(item: Node, listener_names: set[str], upstream_names: set[str], base_
     forward_authorization = item.flag("forward_authorization", False)
     batching = _batching(item.child("batching", None))
     policies = route_policies(item.child("policies", None), policy_names)
+    priority = item.integer("priority", 0, minimum=0)
+    if isinstance(priority, int) and priority > MAX_PRIORITY:
+        item.error(f"must be from 1 (highest) to {MAX_PRIORITY}, or 0 (the lowest); got {priority}", "priority")
     item.check_no_unknown_keys()
     if upstream is None or not (upstream or split):
         return None
     return RouteConfig(match, upstream, rewrite, timeout, options, split,
                        sticky_header.lower() if sticky_header else None, retry, mirror, forward_headers, name,
-                       forward_authorization, batching, policies)
+                       forward_authorization, batching, policies, priority)
 
 
 def parse_routes(node: Node, listener_names: set[str], upstreams: list[UpstreamConfig], base_dir: Path,

@@ -34,7 +34,7 @@ from gateway.config.redis import ON_ERROR
 from gateway.config.routes import RETRY_ON, StringMatch
 from gateway.config.server import READINESS_MODES
 from gateway.config.tls import CLIENT_AUTH_MODES
-from gateway.config.upstreams import DNS_FAMILIES, LOAD_BALANCING_POLICIES
+from gateway.config.upstreams import DNS_FAMILIES, LOAD_BALANCING_POLICIES, LOAD_METRICS_PRESETS
 
 # The modules of the config model: the document and its sections.
 MODEL_MODULES = (model, address, limits, listeners, upstreams, routes, server, observability, policies, redis)
@@ -58,6 +58,7 @@ DURATIONS = {
     ("DrainConfig", "delay"), ("DrainConfig", "timeout"), ("ReloadConfig", "watch_interval"),
     ("SequenceAffinity", "idle_timeout"), ("RedisConfig", "timeout"),
     ("DnsDiscovery", "refresh"), ("DnsDiscovery", "timeout"), ("DnsDiscovery", "reconnect"),
+    ("LoadMetrics", "interval"), ("LoadMetrics", "timeout"), ("LoadMetrics", "stale_after"),
 }
 # ... and floats that are plain numbers. Every float field is in one of the two.
 NUMBERS = {("RetryBudget", "percent"), ("Mirror", "percent"), ("TracingConfig", "sample_ratio"),
@@ -74,12 +75,14 @@ CHOICES: dict[tuple[str, str], tuple[str, ...]] = {
     ("RetryPolicy", "retry_on"): RETRY_ON,
     ("ServerIdentity", "extensions"): GATEWAY_EXTENSIONS,
     ("DnsDiscovery", "family"): DNS_FAMILIES,
+    ("LoadMetrics", "preset"): tuple(LOAD_METRICS_PRESETS),
     ("RedisConfig", "on_error"): ON_ERROR,
 }
 # Whole-section rules a field list cannot say.
 SECTION_RULES: dict[str, Json] = {
     "SecretRef": {"minProperties": 1, "maxProperties": 1},  # {file: PATH} or {env: VARIABLE}
     "RouteConfig": {"oneOf": [{"required": ["upstream"]}, {"required": ["split"]}]},
+    "LoadMetrics": {"oneOf": [{"required": ["preset"]}, {"required": ["gauge"]}]},
 }
 
 ENV_REFERENCE: Json = {"type": "string", "pattern": r"\$\{", "description": "expanded from the environment"}

@@ -15,14 +15,38 @@ from gateway.config.auth import CredentialConfig, parse_credential_config
 from gateway.config.catalog import ProtocolCatalog, protocol_options
 from gateway.config.node import Node, percent, positive_duration, section
 from gateway.config.tls import UpstreamTls, parse_upstream_tls
+from gateway.core.promtext import Labels, parse_selector
 
-LOAD_BALANCING_POLICIES = ("round_robin", "least_request", "consistent_hash")
+LOAD_BALANCING_POLICIES = ("round_robin", "least_request", "consistent_hash", "load_aware")
+# The gauge each kind of server reports its load in (summed over its label sets).
+LOAD_METRICS_PRESETS = {"triton": "nv_inference_pending_request_count", "mlserver": "rest_server_requests_in_progress"}
 
 
 @dataclass(frozen=True, slots=True)
 class LoadBalancing:
     policy: str = "round_robin"  # one of LOAD_BALANCING_POLICIES
     header: str | None = None  # consistent_hash: whose value picks the endpoint
+
+
+@dataclass(frozen=True, slots=True)
+class LoadMetrics:
+    """Where load_aware reads each endpoint's load: one gauge of the
+    endpoint's Prometheus text endpoint (docs/routing-and-resilience.md)."""
+
+    preset: str | None = None  # triton or mlserver: the gauge that server reports its load in
+    gauge: str | None = None  # any other server: 'metric_name{label="value",...}' (labels optional)
+    port: int | None = None  # the metrics port on each endpoint's host; null: the endpoint's own port
+    path: str = "/metrics"
+    interval: float = 0.2  # between scrapes of each endpoint
+    timeout: float = 1.0  # bound on one scrape; a slow one counts as failed
+    stale_after: float = 2.0  # a load older than this is unknown: the pick falls back to least_request
+
+    @property
+    def selector(self) -> tuple[str, Labels]:
+        """(metric name, labels a series must carry) of the gauge."""
+        if self.preset is not None:
+            return LOAD_METRICS_PRESETS[self.preset], ()
+        return parse_selector(self.gauge or "") or ("", ())
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,11 +77,6 @@ class CircuitBreaker:
 
     max_requests: int = 96  # in flight to the whole upstream
     max_pending: int = 32  # waiting for a free slot; more are rejected at once
-
-    @property
-    def holds(self) -> int:
-        """The most requests the upstream can hold: in flight and waiting."""
-        return self.max_requests + self.max_pending
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +142,25 @@ class UpstreamConfig:
     # Forward the client's bytes unchanged when client and upstream speak the
     # same protocol and nothing needs translation (docs/performance.md).
     passthrough: bool = True
+    load_metrics: LoadMetrics | None = None  # load_aware: where each endpoint's load is read
+    # Requests in flight on one endpoint from this gateway (with
+    # connection_pool.max_connections, the lower one holds); null: no other limit.
+    max_concurrent: int | None = None
+    # Requests waiting for a slot, by priority; past it the lowest priority is
+    # shed (OVERLOADED). null: circuit_breaker.max_pending bounds the line.
+    max_queue: int | None = None
+
+    @property
+    def holds(self) -> int:
+        """The most requests the upstream can hold: in flight and waiting."""
+        waiting = self.circuit_breaker.max_pending if self.max_queue is None else self.max_queue
+        return self.circuit_breaker.max_requests + waiting
+
+    @property
+    def endpoint_limit(self) -> int:
+        """Requests in flight on one endpoint at most."""
+        limit = self.connection_pool.max_connections
+        return limit if self.max_concurrent is None else min(limit, self.max_concurrent)
 
 
 def _load_balancing(node: Node) -> LoadBalancing:
@@ -142,6 +180,31 @@ def _load_balancing(node: Node) -> LoadBalancing:
         node.error("only applies to consistent_hash", "header")
     node.check_no_unknown_keys()
     return LoadBalancing(policy, header.lower() if header else None)
+
+
+def _load_metrics(node: Node) -> LoadMetrics | None:
+    if not section(node):
+        return None
+    d = LoadMetrics()
+    preset = node.choice("preset", tuple(LOAD_METRICS_PRESETS), None)
+    gauge = node.string("gauge", None)
+    if (preset is None) == (gauge is None):
+        node.error("needs exactly one of 'preset' (triton, mlserver) or 'gauge' (a metric name with labels)")
+    elif gauge is not None and parse_selector(gauge) is None:
+        node.error(f'must be a metric name, optionally with labels: name{{label="value"}}; got {gauge!r}', "gauge")
+    port = node.integer("port", None, minimum=1)
+    if isinstance(port, int) and port > 65535:
+        node.error(f"must be a port number (1-65535), got {port}", "port")
+    path = node.string("path", d.path)
+    if isinstance(path, str) and (not path.startswith("/") or any(c.isspace() or ord(c) < 32 for c in path)):
+        node.error(f"must be a URL path starting with '/' without spaces; got {path!r}", "path")
+    metrics = LoadMetrics(preset, gauge, port, path, positive_duration(node, "interval", d.interval),
+                          positive_duration(node, "timeout", d.timeout),
+                          positive_duration(node, "stale_after", d.stale_after))
+    if metrics.stale_after < metrics.interval:
+        node.error("must not be less than interval (every load would be stale)", "stale_after")
+    node.check_no_unknown_keys()
+    return metrics
 
 
 def _health_check(node: Node) -> HealthCheck | None:
@@ -269,7 +332,15 @@ def _upstream(item: Node, base_dir: Path, registry: ProtocolCatalog) -> Upstream
         auth=parse_credential_config(item.child("auth", None), base_dir),
         dns=_dns(item.child("dns", None)),
         passthrough=item.flag("passthrough", True),
+        load_metrics=_load_metrics(item.child("load_metrics", None)),
+        max_concurrent=item.integer("max_concurrent", None, minimum=1),
+        max_queue=item.integer("max_queue", None, minimum=0),
     )
+    load_aware = upstream.load_balancing.policy == "load_aware"
+    if load_aware and upstream.load_metrics is None:
+        item.error("load_balancing load_aware needs load_metrics: {preset: triton} (or mlserver, or a gauge)")
+    if not load_aware and upstream.load_metrics is not None:
+        item.error("only applies to load_balancing: load_aware", "load_metrics")
     item.check_no_unknown_keys()
     return upstream if name and protocol else None
 

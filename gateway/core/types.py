@@ -294,6 +294,8 @@ class RequestContext:
     # (generation, model, version, route) of the last resolution: a request
     # is routed once, however many steps ask (set by the data plane).
     resolved: tuple[Any, str, str, Any] | None = None
+    # Triton's `priority` request parameter (1 highest; 0 none), set by the data plane.
+    priority: int = 0
 
     def remaining(self) -> float | None:
         if self.deadline is None:

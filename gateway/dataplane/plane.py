@@ -48,6 +48,7 @@ from gateway.dataplane.cluster.cluster import Backends, ClientFactory, Cluster, 
 from gateway.dataplane.cluster.endpoint import Endpoint
 from gateway.dataplane.filters import registry as filter_registry
 from gateway.dataplane.filters.base import INFER, STREAM, Filter, FilterCall, FilterChain
+from gateway.dataplane.priority import parameter_priority, request_priority
 from gateway.dataplane.retry import PER_TRY_TIMEOUT, TIMEOUT, backoff_delay, error_chain, failure_reason
 from gateway.dataplane.routing import NO_FRAMING_HEADERS, FramingHeaders, Route, RouteTable, shadow_warnings
 from gateway.observability.counters import Counters, Event
@@ -283,6 +284,7 @@ class DataPlane:
         hash_header = cluster.config.load_balancing.header
         key = ctx.headers.get(hash_header) if hash_header else None
         pinned = _sequence_endpoint(cluster, sequence) if sequence is not None else None
+        priority = ctx.priority or request_priority(ctx.headers, route.config.priority)
         tried: set[Endpoint] = set()
         attempt = 0
         budgeted = False  # whether the current try is a retry held against the budget
@@ -290,7 +292,7 @@ class DataPlane:
             attempt += 1
             try:
                 waiting = time.monotonic()
-                lease = await cluster.acquire(key, tried, pinned)
+                lease = await cluster.acquire(key, tried, pinned, priority)
                 ctx.record.queue_seconds += time.monotonic() - waiting
                 tried.add(lease.endpoint)
                 record = UpstreamAttempt(cluster.name, lease.endpoint.address, time.monotonic())
@@ -455,7 +457,10 @@ class DataPlane:
             if copied else request
         if route.config.mirror:
             self._start_mirrors(generation, route, upstream_request, ctx)
-        sequence = sequence_step(request.parameters) if request.parameters else None
+        sequence = None
+        if request.parameters:
+            sequence = sequence_step(request.parameters)
+            ctx.priority = parameter_priority(request.parameters)
         if route.config.batching is None or sequence is not None:  # a sequence's step is never batched
             response = await self._call(generation, route, ctx, lambda c: c.infer(upstream_request, ctx),
                                         sequence=sequence)
@@ -524,7 +529,10 @@ class DataPlane:
                     raise
                 broken.append(exc)
 
-        sequence = sequence_step(request.parameters) if request.parameters else None
+        sequence = None
+        if request.parameters:
+            sequence = sequence_step(request.parameters)
+            ctx.priority = parameter_priority(request.parameters)
         await self._call(generation, route, ctx, relay, sequence=sequence)
         if broken:
             error = broken[0]

@@ -38,6 +38,8 @@ class UpstreamCounters:
     mirrored_total: int = 0  # copies sent to this upstream as a mirror
     mirror_failures_total: int = 0
     mirror_dropped_total: int = 0  # copies not sent: the upstream was at its limits
+    shed_total: int = 0  # requests its full wait line refused (max_queue), all priorities
+    load_fallbacks_total: int = 0  # load_aware picks made by least_request: a load unknown or stale
     endpoints: dict[str, EndpointCounters] = field(default_factory=dict)
 
 
@@ -55,8 +57,9 @@ class Event:
     """Something a metrics or logging hook may want the moment it happens.
 
     ``name`` is one of: retry, retry_budget_exhausted, timeout, overflow,
-    ejection, readmission, health_changed, mirror_failure, mirror_dropped,
-    reload_success, reload_failure.
+    shed (detail: the priority), endpoint_load (detail: the load read, "nan"
+    when stale), ejection, readmission, health_changed, mirror_failure,
+    mirror_dropped, reload_success, reload_failure.
     """
 
     name: str

@@ -354,6 +354,14 @@ class GatewayMetrics:
             "Redis did not answer in time, by what redis.on_error made of them.", ("policy", "decision"),
             registry=r)
 
+        # Load-aware picking and priorities (gateway/dataplane/cluster/): by upstream.
+        self.endpoint_load = Gauge(
+            "gateway_endpoint_load", "The load an endpoint last reported in its own metrics (load_aware; "
+            "NaN while unknown or stale).", ("upstream", "endpoint"), multiprocess_mode="livemostrecent", registry=r)
+        self.shed = Counter(
+            "gateway_shed", "Requests an upstream's full wait line (max_queue) refused, by the request's "
+            "priority (1 highest; 0 none given).", ("upstream", "priority"), registry=r)
+
     # --- setup -------------------------------------------------------------
 
     def declare_upstream(self, upstream: str, endpoints: Iterable[str]) -> None:
@@ -508,6 +516,14 @@ class GatewayMetrics:
         return (self.rate_limited.labels(policy), self.rate_limit_redis_errors.labels(policy, "allowed"),
                 self.rate_limit_redis_errors.labels(policy, "denied"))
 
+    def record_load_event(self, name: str, upstream: str, endpoint: str, detail: str) -> None:
+        """A cluster's ``endpoint_load`` (detail: the load) or ``shed``
+        (detail: the priority) event."""
+        if name == "shed":
+            self.shed.labels(upstream, detail).inc()
+        else:
+            self.endpoint_load.labels(upstream, endpoint).set(float(detail))
+
 
 # What reading the workers' metric files can raise while a worker is
 # creating its file (empty, not yet sized: struct.error) or one is being
@@ -536,6 +552,8 @@ def metrics_hook(metrics: GatewayMetrics) -> Callable[[Any], None]:
             metrics.record_retry(event.upstream)
         elif name == "overflow":
             metrics.record_circuit_breaker_rejection(event.upstream)
+        elif name in ("shed", "endpoint_load"):
+            metrics.record_load_event(name, event.upstream, event.endpoint, event.detail)
         elif name == "ejection":
             metrics.record_ejection(event.upstream, event.endpoint)
         elif name == "health_changed":
@@ -548,7 +566,7 @@ def metrics_hook(metrics: GatewayMetrics) -> Callable[[Any], None]:
         elif name == "endpoint_added":
             metrics.declare_upstream(event.upstream, [event.endpoint])
         elif name == "endpoint_removed":
-            for gauge in (metrics.endpoint_healthy, metrics.outlier_ejections):
+            for gauge in (metrics.endpoint_healthy, metrics.outlier_ejections, metrics.endpoint_load):
                 try:
                     gauge.remove(event.upstream, event.endpoint)
                 except KeyError:

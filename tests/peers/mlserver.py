@@ -36,10 +36,11 @@ def model_names() -> list[str]:
     return sorted(p.stem for p in MODELS_DIR.glob("*.py") if not p.stem.startswith("_"))
 
 
-def write_repository(root: Path, models: list[str], http_port: int, grpc_port: int, metrics_port: int) -> None:
+def write_repository(root: Path, models: list[str], http_port: int, grpc_port: int, metrics_port: int,
+                     host: str = "127.0.0.1") -> None:
     """MLServer's settings.json and one folder per model."""
     settings = {
-        "host": "127.0.0.1",
+        "host": host,
         "http_port": http_port,
         "grpc_port": grpc_port,
         "metrics_port": metrics_port,
@@ -62,19 +63,22 @@ def write_repository(root: Path, models: list[str], http_port: int, grpc_port: i
 class MLServerPeer:
     """One MLServer process serving every test model over REST and gRPC."""
 
-    def __init__(self, workdir: Path, models: list[str] | None = None) -> None:
+    def __init__(self, workdir: Path, models: list[str] | None = None, host: str = "127.0.0.1",
+                 metrics_port: int = 0) -> None:
         self.workdir = workdir
         self.models = models or model_names()
+        self.host = host  # a loopback address: peers on 127.0.0.1 and 127.0.0.2 may share a metrics port
+        self.metrics_port = metrics_port  # 0: a free one
         self.proc: subprocess.Popen[bytes] | None = None
         self.http_port = self.grpc_port = 0
 
     @property
     def rest_address(self) -> str:
-        return f"127.0.0.1:{self.http_port}"
+        return f"{self.host}:{self.http_port}"
 
     @property
     def grpc_address(self) -> str:
-        return f"127.0.0.1:{self.grpc_port}"
+        return f"{self.host}:{self.grpc_port}"
 
     def log(self) -> str:
         path = self.workdir / "mlserver.log"
@@ -91,7 +95,8 @@ class MLServerPeer:
     def start(self, timeout: float = 120.0) -> MLServerPeer:
         executable = ensure_venv()
         self.http_port, self.grpc_port = free_port(), free_port()
-        write_repository(self.workdir, self.models, self.http_port, self.grpc_port, free_port())
+        self.metrics_port = self.metrics_port or free_port()
+        write_repository(self.workdir, self.models, self.http_port, self.grpc_port, self.metrics_port, self.host)
         env = {**os.environ, "PYTHONPATH": str(MODELS_DIR)}
         with open(self.workdir / "mlserver.log", "wb") as log:
             # Own session: MLServer may start helper processes; stop() ends the group it leads.

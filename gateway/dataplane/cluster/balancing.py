@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import bisect
 import random
+from collections.abc import Callable
 from typing import Protocol
 
 from gateway.core.hashing import stable_hash
@@ -65,6 +66,31 @@ class LeastRequest:
         pass
 
 
+class LoadAware:
+    """The less loaded of two random candidates (power of two choices), by
+    the load each endpoint reports (loadmetrics.py) plus this gateway's
+    calls since it was read, so load from other gateways and from clients
+    calling the endpoints directly counts. While either load is unknown
+    (not read yet, or stale): least_request, and ``on_fallback`` is told."""
+
+    __slots__ = ("_on_fallback", "_rng")
+
+    def __init__(self, rng: random.Random, on_fallback: Callable[[], None]) -> None:
+        self._rng = rng
+        self._on_fallback = on_fallback
+
+    def choose(self, endpoints: list[Endpoint], candidates: list[Endpoint], key: str | None) -> Endpoint:
+        first, second = self._rng.sample(candidates, 2)
+        first_load, second_load = first.load, second.load
+        if first_load is None or second_load is None:
+            self._on_fallback()
+            return first if first.in_flight <= second.in_flight else second
+        return first if first.estimated_load(first_load) <= second.estimated_load(second_load) else second
+
+    def rebuild(self, endpoints: list[Endpoint]) -> None:
+        pass
+
+
 class RingHash:
     """The first candidate clockwise from the key's hash on a ring of points
     per endpoint, so losing an endpoint moves only its keys; a random
@@ -97,10 +123,14 @@ class RingHash:
         return candidates[0]  # unreachable: every endpoint has ring points
 
 
-def picker(policy: str, rng: random.Random, endpoints: list[Endpoint]) -> Picker:
-    """The picker of ``policy`` (one of config's LOAD_BALANCING_POLICIES)."""
+def picker(policy: str, rng: random.Random, endpoints: list[Endpoint],
+           on_fallback: Callable[[], None] = lambda: None) -> Picker:
+    """The picker of ``policy`` (one of config's LOAD_BALANCING_POLICIES);
+    ``on_fallback``: load_aware picked by least_request (a load unknown)."""
     if policy == "least_request":
         return LeastRequest(rng)
+    if policy == "load_aware":
+        return LoadAware(rng, on_fallback)
     if policy == "consistent_hash":
         return RingHash(rng, endpoints)
     return RoundRobin()

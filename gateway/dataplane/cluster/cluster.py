@@ -20,7 +20,6 @@ All state is touched from the event loop only; no locks are needed.
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import random
 import time
@@ -37,7 +36,9 @@ from gateway.dataplane.cluster.balancing import picker
 from gateway.dataplane.cluster.discovery import NameWatch, is_name
 from gateway.dataplane.cluster.endpoint import Endpoint
 from gateway.dataplane.cluster.health import HealthChecker
+from gateway.dataplane.cluster.loadmetrics import LoadScraper
 from gateway.dataplane.cluster.outlier import OutlierDetector
+from gateway.dataplane.cluster.waiting import Waiter, WaitLine
 from gateway.dataplane.retry import ENDPOINT_FAILURES, budget_allows
 from gateway.observability.counters import Counters, Event
 from gateway.runtime.services import GatewayServices
@@ -60,6 +61,8 @@ class BackendClass(Protocol):
 Backends = Callable[[str], BackendClass]
 
 IN_PROCESS = "in-process"
+# load_aware picking without a load is logged at most this often (it is counted every time).
+LOG_FALLBACK_EVERY = 30.0
 
 
 class Lease:
@@ -85,11 +88,16 @@ class Lease:
             self._cluster._release(self.endpoint, failure if blame_endpoint else None)
 
 
-class _Waiter:
-    __slots__ = ("future",)
+class Shed(GatewayError):
+    """Refused by an upstream's full wait line (``max_queue``): the
+    protocol's overload form with Retry-After (HTTP 429, gRPC
+    RESOURCE_EXHAUSTED), as the client should come back later."""
 
-    def __init__(self) -> None:
-        self.future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    retry_after = 1  # seconds: a slot is usually free well within it
+
+    def __init__(self, message: str, priority: int) -> None:
+        super().__init__(ErrorKind.OVERLOADED, message)
+        self.priority = priority
 
 
 class Cluster:
@@ -130,10 +138,13 @@ class Cluster:
         self._background: set[asyncio.Task[None]] = set()
         self._discovery_task: asyncio.Task[None] | None = None
         self.in_flight = 0
-        self.pending = 0
         self.retries_in_flight = 0
-        self._waiters: collections.deque[_Waiter] = collections.deque()
-        self._picker = picker(config.load_balancing.policy, self._rng, self.endpoints)
+        self._waiters = WaitLine()
+        self._endpoint_limit = config.endpoint_limit
+        self._fallback_logged = -LOG_FALLBACK_EVERY
+        self._picker = picker(config.load_balancing.policy, self._rng, self.endpoints, self._picked_without_load)
+        self._load = None if config.load_metrics is None else LoadScraper(
+            config.name, config.load_metrics, lambda: self.endpoints, self.counters, clock)
         self._health = None if config.health_check is None else HealthChecker(
             config.name, config.health_check, self.endpoints, self.counters, self._rng, self._wake_all)
         self._outliers = OutlierDetector(config.name, config.outlier_detection, self.endpoints, self.counters,
@@ -143,6 +154,11 @@ class Cluster:
     @property
     def name(self) -> str:
         return self.config.name
+
+    @property
+    def pending(self) -> int:
+        """Requests waiting for a slot."""
+        return len(self._waiters)
 
     @property
     def clients(self) -> list[Backend]:
@@ -167,10 +183,14 @@ class Cluster:
             await self._health.start()
         if self._watches:
             self._discovery_task = asyncio.create_task(self._discovery_loop(), name=f"dns {self.name}")
+        if self._load is not None:
+            self._load.start()
 
     async def close(self) -> None:
         if self._health is not None:
             await self._health.stop()
+        if self._load is not None:
+            await self._load.stop()
         if self._discovery_task is not None:
             self._discovery_task.cancel()
             await asyncio.gather(self._discovery_task, return_exceptions=True)
@@ -300,12 +320,12 @@ class Cluster:
         an endpoint (a sequence's) has that one or none."""
         if self.in_flight >= self.config.circuit_breaker.max_requests:
             return []
+        limit = self._endpoint_limit
         if pinned is not None:
-            return [pinned] if pinned.in_flight < self.config.connection_pool.max_connections else []
+            return [pinned] if pinned.in_flight < limit else []
         now = self._clock()
         self._outliers.readmit_expired(now)
         pool = [e for e in self.endpoints if e.available(now)] or self.endpoints
-        limit = self.config.connection_pool.max_connections
         free = [e for e in pool if e.in_flight < limit]
         fresh = [e for e in free if e not in exclude]
         return fresh or free
@@ -323,42 +343,68 @@ class Cluster:
 
     def try_acquire(self, key: str | None = None, exclude: set[Endpoint] | None = None) -> Lease | None:
         """A slot now, or None; never waits (mirrors use it)."""
-        return None if self._waiters else self._take(key, exclude or set())
+        return None if self._waiters.size else self._take(key, exclude or set())
 
     async def acquire(self, key: str | None = None, exclude: set[Endpoint] | None = None,
-                      pinned: Endpoint | None = None) -> Lease:
+                      pinned: Endpoint | None = None, priority: int = 0) -> Lease:
         """A slot on an endpoint (on ``pinned`` if given): at once if free,
-        else wait in line while the line is shorter than ``max_pending``;
-        beyond that UPSTREAM_OVERLOADED at once. The caller bounds the wait
-        with its deadline."""
+        else wait in line, by ``priority`` (1 highest, 0 none: lowest;
+        waiting.py). A full line (``max_queue``, else ``max_pending``) sheds
+        the newest waiter of a lower priority than the newcomer's, or else
+        refuses the newcomer, at once. The caller bounds the wait with its
+        deadline."""
         exclude = exclude or set()
-        lease = None if self._waiters else self._take(key, exclude, pinned)
+        lease = None if self._waiters.size else self._take(key, exclude, pinned)
         if lease is not None:
             return lease
-        breaker = self.config.circuit_breaker
-        if self.pending >= breaker.max_pending:
-            self.stats.overflows_total += 1
-            self.counters.emit(Event("overflow", self.name))
-            raise GatewayError(ErrorKind.UPSTREAM_OVERLOADED,
-                               f"upstream '{self.name}' is at its limits ({self.in_flight} requests in flight, "
-                               f"{self.pending} waiting); try again later")
-        waiter = _Waiter()
-        self._waiters.append(waiter)
-        self.pending += 1
+        waiter = Waiter(priority)
+        bound = self.config.max_queue if self.config.max_queue is not None else self.config.circuit_breaker.max_pending
+        if len(self._waiters) >= bound:
+            victim = self._waiters.victim_for(waiter.rank)
+            if victim is None:
+                raise self._refusal(waiter.priority)
+            self._waiters.remove(victim)
+            victim.refused = self._refusal(victim.priority)
+            victim.future.set_result(None)
+        self._waiters.add(waiter)
         try:
             while True:
                 await waiter.future
+                if waiter.refused is not None:
+                    raise waiter.refused
                 lease = self._take(key, exclude, pinned)
                 if lease is not None:
                     return lease
                 waiter.future = asyncio.get_running_loop().create_future()
         finally:
-            self.pending -= 1
             self._waiters.remove(waiter)
             self._wake_one()  # pass on a wake-up this waiter may have used or lost
 
+    def _refusal(self, priority: int) -> GatewayError:
+        """The error of a request the full line refuses, counted: shed
+        (OVERLOADED) with ``max_queue``, else the circuit breaker's."""
+        if self.config.max_queue is not None:
+            self.stats.shed_total += 1
+            self.counters.emit(Event("shed", self.name, detail=str(priority)))
+            return Shed(f"upstream '{self.name}' is saturated ({self.in_flight} requests in flight, "
+                        f"{len(self._waiters)} waiting); priority {priority or 'none'} shed, try again later", priority)
+        self.stats.overflows_total += 1
+        self.counters.emit(Event("overflow", self.name))
+        return GatewayError(ErrorKind.UPSTREAM_OVERLOADED,
+                            f"upstream '{self.name}' is at its limits ({self.in_flight} requests in flight, "
+                            f"{len(self._waiters)} waiting); try again later")
+
+    def _picked_without_load(self) -> None:
+        """load_aware picked by least_request: an endpoint's load is unknown."""
+        self.stats.load_fallbacks_total += 1
+        now = self._clock()
+        if now - self._fallback_logged >= LOG_FALLBACK_EVERY:
+            self._fallback_logged = now
+            log.warning("upstream %s: an endpoint's load is unknown (load metrics missing or stale); picking "
+                        "by least_request (counted in load_fallbacks_total)", self.name)
+
     def _wake_one(self) -> None:
-        if not self._waiters or not self._candidates(set()):
+        if not self._waiters.size or not self._candidates(set()):
             return
         for waiter in self._waiters:
             if not waiter.future.done():
@@ -420,6 +466,7 @@ class Cluster:
             "retries_in_flight": self.retries_in_flight,
             "max_requests": self.config.circuit_breaker.max_requests,
             "max_pending": self.config.circuit_breaker.max_pending,
+            "max_queue": self.config.max_queue,
             "health_checked": self.config.health_check is not None,
             "counters": counters,
             "endpoints": [{
@@ -428,6 +475,7 @@ class Cluster:
                 "ejected": e.ejected(now),
                 "ejected_for_seconds": round(max(0.0, (e.ejected_until or now) - now), 3),
                 "in_flight": e.in_flight,
+                "load": e.load,
                 "consecutive_failures": e.consecutive_failures,
                 "counters": asdict(e.counters),
             } for e in self.endpoints],

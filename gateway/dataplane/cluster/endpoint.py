@@ -28,6 +28,16 @@ class Endpoint:
         self.readmitted_at = 0.0
         self.checks_passed = 0  # active health checks in a row
         self.checks_failed = 0
+        # load_aware (loadmetrics.py): the load the endpoint last reported, None
+        # while unknown or stale; when it was read, and this gateway's calls then.
+        self.load: float | None = None
+        self.loaded_at = 0.0
+        self.in_flight_at_load = 0
+
+    def estimated_load(self, reported: float) -> float:
+        """``reported`` (its ``load``) plus this gateway's calls started since
+        it was read, less those ended since."""
+        return reported + self.in_flight - self.in_flight_at_load
 
     def take_health_of(self, old: Endpoint) -> None:
         """Carry the verdicts over to a new client of the same address."""
