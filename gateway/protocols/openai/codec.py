@@ -315,7 +315,8 @@ def encode_model(name: str) -> bytes:
 
 
 def error_body(error: GatewayError, status: int) -> bytes:
-    return orjson.dumps({"error": {"message": error.message, "type": TYPE_OF_STATUS.get(status, "server_error"),
+    kind = TYPE_OF_STATUS.get(status, "invalid_request_error" if status < 500 else "server_error")
+    return orjson.dumps({"error": {"message": error.message, "type": kind,
                                    "param": getattr(error, "param", None) or None,
                                    "code": CODE_OF_KIND.get(error.kind)}})
 

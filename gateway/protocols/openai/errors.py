@@ -28,11 +28,11 @@ STATUS_OF_KIND: Mapping[ErrorKind, int] = MappingProxyType({
     ErrorKind.INTERNAL: 500,
 })
 
-# The error's ``type`` by status, OpenAI's names; other statuses: server_error.
+# The error's ``type`` by status, OpenAI's names; other statuses:
+# invalid_request_error below 500, server_error from it.
 TYPE_OF_STATUS: Mapping[int, str] = MappingProxyType({
     400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-    404: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error",
-    501: "invalid_request_error",
+    429: "rate_limit_error", 501: "invalid_request_error",
 })
 
 # The error's ``code`` by kind, where OpenAI has one (else null).

@@ -54,14 +54,14 @@ DEFAULT_LIMITS = codec.Limits(DEFAULT_MAX_MESSAGES, DEFAULT_MAX_TOKENS, DEFAULT_
 
 def parse_listener_options(node: Node) -> codec.Limits:
     """The listener's own keys: its bounds on one request."""
-    limits = codec.Limits(node.integer("max_messages", DEFAULT_MAX_MESSAGES, minimum=1),
-                          node.integer("max_tokens", DEFAULT_MAX_TOKENS, minimum=1),
-                          node.integer("default_max_tokens", DEFAULT_DEFAULT_MAX_TOKENS, minimum=1),
-                          node.integer("max_embedding_inputs", DEFAULT_MAX_EMBEDDING_INPUTS, minimum=1))
-    if all(isinstance(value, int) for value in (limits.max_tokens, limits.default_max_tokens)) \
-            and limits.default_max_tokens > limits.max_tokens:
-        node.error(f"must be at most max_tokens ({limits.max_tokens}), got {limits.default_max_tokens}",
-                   "default_max_tokens")
+    max_tokens = node.integer("max_tokens", DEFAULT_MAX_TOKENS, minimum=1)
+    bound = max_tokens if isinstance(max_tokens, int) else DEFAULT_MAX_TOKENS
+    default_max_tokens = node.integer("default_max_tokens", min(DEFAULT_DEFAULT_MAX_TOKENS, bound), minimum=1)
+    if isinstance(default_max_tokens, int) and default_max_tokens > bound:
+        node.error(f"must be at most max_tokens ({bound}), got {default_max_tokens}", "default_max_tokens")
+    limits = codec.Limits(node.integer("max_messages", DEFAULT_MAX_MESSAGES, minimum=1), bound,
+                          default_max_tokens, node.integer("max_embedding_inputs", DEFAULT_MAX_EMBEDDING_INPUTS,
+                                                           minimum=1))
     return limits
 
 
