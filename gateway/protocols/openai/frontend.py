@@ -234,21 +234,27 @@ class OpenAiFrontend(HttpFrontend):
         responses = 0
         first_seconds: float | None = None
         started = time.monotonic()
+        budget = self.services.budget
 
         async def deliver(part: StreamedResponse) -> None:
             nonlocal responses, first_seconds
             if not mapping.carries_text(part.response, options):
                 return
             text = mapping.text_of(part.response, options)
-            chunk = codec.encode_chunk(asked, answer_id, created, text, None, first=responses == 0)
-            if not answer.prepared:
-                await answer.prepare(raw)
-            responses += 1
-            if first_seconds is None:
-                first_seconds = time.monotonic() - started
-            words.add(text)
-            # Waits while the transport is full: a slow reader slows the upstream.
-            await answer.write(chunk)
+            held = budget.reserve()  # the chunk, until it is written
+            try:
+                held.grow(3 * len(text) + 256)
+                chunk = codec.encode_chunk(asked, answer_id, created, text, None, first=responses == 0)
+                if not answer.prepared:
+                    await answer.prepare(raw)
+                responses += 1
+                if first_seconds is None:
+                    first_seconds = time.monotonic() - started
+                words.add(text)
+                # Waits while the transport is full: a slow reader slows the upstream.
+                await answer.write(chunk)
+            finally:
+                held.release()
 
         ctx.end_marked = True  # chunks carry no final flag: the stream's end tells it
         try:
