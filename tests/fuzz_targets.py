@@ -199,7 +199,7 @@ def seeds(target: str) -> list[bytes]:
                 b'{"instances": [[0.5, 1, 2], [3, 4, 5]], "parameters": {}}']
     if target == "openai":
         return [b'{"model": "m", "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": '
-                b'[{"type": "text", "text": "\u00e9"}]}], "max_tokens": 5, "stop": ["a", "b"], "temperature": 0.5, '
+                b'[{"type": "text", "text": "\\u00e9"}]}], "max_tokens": 5, "stop": ["a", "b"], "temperature": 0.5, '
                 b'"top_p": 1, "seed": 3, "stream": true, "stream_options": {"include_usage": true}, "n": 1}',
                 b'{"model": "m", "prompt": ["once"], "max_completion_tokens": 7, "stop": "x", "logit_bias": {}}',
                 b'{"model": "m", "input": ["a", "b"], "encoding_format": "base64", "dimensions": 8}']
