@@ -11,7 +11,9 @@ import pytest
 
 from gateway.config.node import ConfigError, Node
 from gateway.core.types import InferRequest
+from gateway.protocols.builtin.text import generate_text
 from gateway.protocols.openai import codec, mapping
+from gateway.protocols.openai.frontend import WordCount
 
 LIMITS = codec.Limits(max_messages=4, max_tokens=50, default_max_tokens=10, max_embedding_inputs=3)
 ASKED = {"model": "llm", "messages": [{"role": "system", "content": "short"},
@@ -100,3 +102,20 @@ def test_upstream_errors_read_as_kinds() -> None:
     error = codec.decode_error(429, b'{"error": {"message": "slow down", "type": "rate_limit_error"}}', "llm")
     assert error.kind.name == "UPSTREAM_OVERLOADED" and "slow down" in error.message and "llm" in error.message
     assert codec.decode_error(500, b"not json", "llm").kind.name == "UPSTREAM_BAD_RESPONSE"
+
+
+@pytest.mark.parametrize("pieces", [["ab", "c d", " e"], ["ab ", "", "  ", "cd e"], ["a", "b", "c d e "], ["abc d e"]])
+def test_words_of_a_streamed_text_count_as_of_the_whole(pieces: list[str]) -> None:
+    words = WordCount()
+    for piece in pieces:
+        words.add(piece)
+    assert words.count == codec.count_tokens("".join(pieces)) == 3
+
+
+def test_the_builtin_generator_stops_before_a_stop_string_across_tokens() -> None:
+    whole = "".join(generate_text("p", 20, [], 0))
+    stop = whole[8:14]  # spans a token boundary somewhere in the text
+    cut = "".join(generate_text("p", 20, [stop], 0))
+    # Cut where the stop starts, or after the token it starts in (a token once sent stays sent).
+    assert whole.find(stop) <= len(cut) < whole.find(stop) + len(stop)
+    assert stop not in cut and whole.startswith(cut)

@@ -16,6 +16,7 @@ one unit vector per text, from a hash of it.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from collections.abc import AsyncIterator, Iterator
 
@@ -72,7 +73,7 @@ class TextGenerator(DecoupledModel):
         stops = [_text(Tensor("stop", "BYTES", (1,), np.array([item], dtype=object)), "stop")
                  for item in inputs["stop"].data.reshape(-1)] if "stop" in inputs else []
         seed = request.parameters.get("seed", 0)
-        return _generate(prompt, count, [stop for stop in stops if stop], seed), stream
+        return generate_text(prompt, count, [stop for stop in stops if stop], seed), stream
 
     def infer(self, request: InferRequest) -> list[Tensor]:
         tokens, _ = self._tokens(request)
@@ -85,26 +86,29 @@ class TextGenerator(DecoupledModel):
             return
         for token in tokens:
             yield InferResponse(self.name, MODEL_VERSION, request.id, [_text_output(token)])
+            await asyncio.sleep(0)  # a token at a time, as a model emits them: other requests go on between
 
 
 def _text_output(text: str) -> Tensor:
     return Tensor("text_output", "BYTES", (1,), np.array([text.encode()], dtype=object))
 
 
-def _generate(prompt: str, count: int, stops: list[str], seed: object) -> Iterator[str]:
+def generate_text(prompt: str, count: int, stops: list[str], seed: object) -> Iterator[str]:
     """``count`` tokens from the prompt's hash; cut before the first stop
     string the text would contain."""
     digest = hashlib.sha256(f"{seed}\0{prompt}".encode()).digest()
-    text = ""
+    # A stop string ending in the new token starts at most this far back.
+    reach = max((len(stop) for stop in stops), default=0)
+    tail = ""  # the end of the text so far, enough to find a stop string across tokens
     for index in range(count):
         token = _VOCABULARY[(digest[index % len(digest)] + index) & 15] + " "
-        grown = text + token
-        cut = min((at for at in (grown.find(stop) for stop in stops) if at >= 0), default=-1)
+        window = tail + token
+        cut = min((at for at in (window.find(stop) for stop in stops) if at >= 0), default=-1)
         if cut >= 0:
-            if cut > len(text):
-                yield grown[len(text):cut]
+            if cut > len(tail):
+                yield window[len(tail):cut]
             return
-        text = grown
+        tail = window[-reach:] if reach else ""
         yield token
 
 

@@ -65,7 +65,7 @@ def parse_listener_options(node: Node) -> codec.Limits:
     return limits
 
 
-class _Words:
+class WordCount:
     """Whitespace words of a text that comes in pieces (a stream's usage)."""
 
     __slots__ = ("_in_word", "count")
@@ -75,12 +75,13 @@ class _Words:
         self._in_word = False
 
     def add(self, text: str) -> None:
-        for char in text:
-            if char.isspace():
-                self._in_word = False
-            elif not self._in_word:
-                self._in_word = True
-                self.count += 1
+        if not text:
+            return
+        words = len(text.split())  # in C: a long text holds the loop no longer than a copy
+        if words and self._in_word and not text[0].isspace():
+            words -= 1  # the word the last piece ended in goes on
+        self.count += words
+        self._in_word = not text[-1].isspace()
 
 
 class OpenAiFrontend(HttpFrontend):
@@ -203,7 +204,8 @@ class OpenAiFrontend(HttpFrontend):
         await self.dataplane.infer_stream(infer_request, ctx, deliver)
         text = "".join(pieces)
         finish = "length" if codec.count_tokens(text) >= asked.max_tokens else "stop"
-        answer = codec.encode_text_answer(asked, answer_id, created, text, finish, prompt_tokens)
+        answer = await self.services.offload.run(len(text), codec.encode_text_answer, asked, answer_id, created,
+                                                 text, finish, prompt_tokens)
         return await aiohttp_reply(raw, HttpReply(200, [answer], codec.JSON_TYPE,
                                                   {REQUEST_ID_HEADER: ctx.request_id}))
 
@@ -230,7 +232,7 @@ class OpenAiFrontend(HttpFrontend):
         answer = web.StreamResponse(status=200, headers={
             "Content-Type": SSE_CONTENT_TYPE, "Cache-Control": "no-cache", REQUEST_ID_HEADER: ctx.request_id})
         # Sent with the first chunk: an error before it is an ordinary error answer.
-        words = _Words()
+        words = WordCount()
         responses = 0
         first_seconds: float | None = None
         started = time.monotonic()
