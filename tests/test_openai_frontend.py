@@ -38,6 +38,7 @@ listeners:
   - {{name: direct, protocol: openai, address: "127.0.0.1:0", max_tokens: 100}}
   - {{name: via-rest, protocol: openai, address: "127.0.0.1:0", max_tokens: 100}}
   - {{name: via-grpc, protocol: openai, address: "127.0.0.1:0", max_tokens: 100}}
+  - {{name: rest, protocol: v2-rest, address: "127.0.0.1:0"}}
 upstreams:
   - {{name: local, protocol: builtin}}
   - {{name: back-rest, protocol: v2-rest, endpoints: ["{rest}"], streaming: generate_stream}}
@@ -199,3 +200,15 @@ routes:
     with pytest.raises(ConfigError) as info:
         parse_yaml_config(text)
     assert words in str(info.value)
+
+
+def test_a_unary_v2_call_gets_the_whole_text(gateways: GatewayProcess) -> None:
+    """The decoupled text_generator answers a plain V2 infer too: the same
+    text the OpenAI listener gives."""
+    with client(gateways, "direct") as sdk:
+        text = sdk.completions.create(model="text_generator", prompt="unary", max_tokens=6).choices[0].text
+    reply = requests.post(f"http://{gateways.url('rest')}/v2/models/text_generator/infer", json={"inputs": [
+        {"name": "text_input", "datatype": "BYTES", "shape": [1], "data": ["unary"]},
+        {"name": "max_tokens", "datatype": "INT32", "shape": [1], "data": [6]}]}, timeout=10)
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["outputs"][0]["data"] == [text]
