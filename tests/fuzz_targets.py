@@ -30,6 +30,8 @@ with atheris.instrument_imports(include=["gateway"]):
     from gateway.core.types import TensorSpec
     from gateway.protocols.graphstorm import codec as graphstorm
     from gateway.protocols.graphstorm.schema import parse_schema
+    from gateway.protocols.openai import codec as openai
+    from gateway.protocols.openai import mapping as openai_mapping
     from gateway.protocols.umbridge import codec as umbridge
     from gateway.protocols.umbridge import passthrough as umbridge_passthrough
     from gateway.protocols.v1_rest import codec as v1_rest
@@ -122,6 +124,31 @@ def v1_rest_predict(data: bytes) -> None:
             pass
 
 
+OPENAI_LIMITS = openai.Limits(max_messages=64, max_tokens=4096, default_max_tokens=16, max_embedding_inputs=64)
+OPENAI_ROUTES = [openai_mapping.DEFAULT_OPTIONS, *(
+    openai_mapping.RouteOptions(preset=preset, fields=dict(preset.fields))
+    for preset in openai_mapping.PRESETS.values())]
+
+
+def openai_request(data: bytes) -> None:
+    """A body as each OpenAI call reads it (chat, completion, embeddings),
+    mapped to a V2 request by each preset."""
+    check_json_depth(data, LIMITS.max_json_depth, "the request body")
+    for decode in (openai.decode_chat, openai.decode_completion):
+        try:
+            asked = decode(data, OPENAI_LIMITS)
+        except GatewayError:
+            continue
+        for route in OPENAI_ROUTES:
+            prompt = openai_mapping.render_prompt(asked.messages, route) if asked.messages is not None else asked.prompt
+            openai_mapping.text_request(asked, prompt, route, "id")
+    try:
+        embeddings = openai.decode_embeddings(data, OPENAI_LIMITS)
+    except GatewayError:
+        return
+    openai_mapping.embeddings_request(embeddings.model, embeddings.texts, openai_mapping.DEFAULT_OPTIONS, "id")
+
+
 TARGETS: dict[str, Callable[[bytes], None]] = {
     "v2_rest_json": v2_rest_json,
     "v2_rest_binary": v2_rest_binary,
@@ -129,6 +156,7 @@ TARGETS: dict[str, Callable[[bytes], None]] = {
     "umbridge": umbridge_call,
     "graphstorm": graphstorm_invocation,
     "v1_rest": v1_rest_predict,
+    "openai": openai_request,
 }
 
 
@@ -169,6 +197,12 @@ def seeds(target: str) -> list[bytes]:
                 b'{"instances": ["a", {"b64": "/w=="}]}', b'{"inputs": 3}',
                 b'{"inputs": {"a": [[1, 2], [3, 4]], "b": [1.5]}, "instances": [[1e400, -0.0], [2, 3]]}',
                 b'{"instances": [[0.5, 1, 2], [3, 4, 5]], "parameters": {}}']
+    if target == "openai":
+        return [b'{"model": "m", "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": '
+                b'[{"type": "text", "text": "\\u00e9"}]}], "max_tokens": 5, "stop": ["a", "b"], "temperature": 0.5, '
+                b'"top_p": 1, "seed": 3, "stream": true, "stream_options": {"include_usage": true}, "n": 1}',
+                b'{"model": "m", "prompt": ["once"], "max_completion_tokens": 7, "stop": "x", "logit_bias": {}}',
+                b'{"model": "m", "input": ["a", "b"], "encoding_format": "base64", "dimensions": 8}']
     raise KeyError(target)
 
 
@@ -182,6 +216,7 @@ def _checked(target: Callable[[bytes], None]) -> Callable[[bytes], None]:
             umbridge.encode_error(error)
             graphstorm.encode_error(error, "")
             v1_rest.encode_error(error)
+            openai.encode_error(error)
 
     return run
 

@@ -23,6 +23,7 @@ from gateway.protocols import registry
 from gateway.protocols.base import Frontend, UpstreamClient
 from gateway.protocols.graphstorm import codec as graphstorm
 from gateway.protocols.http_frontend import HttpFrontend
+from gateway.protocols.openai import codec as openai
 from gateway.protocols.umbridge import codec as umbridge
 from gateway.protocols.v1_rest import codec as v1_rest
 from gateway.protocols.v1_rest import upstream_codec as v1_rest_upstream
@@ -43,6 +44,10 @@ NOT_ROUND_TRIPPED = {
     ("v1-rest", ErrorKind.UNAUTHENTICATED): "an upstream's 401 refuses the gateway's credential: 502",
     ("v1-rest", ErrorKind.UPSTREAM_BAD_RESPONSE): "an upstream's 502 is a proxy that cannot reach it: 503",
     ("v1-rest", ErrorKind.INTERNAL): "an upstream's 500 is its bug, to the gateway a bad answer: 502",
+    ("openai", ErrorKind.OVERLOADED): "an upstream's 429 is its own limit: UPSTREAM_OVERLOADED (503)",
+    ("openai", ErrorKind.UNAUTHENTICATED): "an upstream's 401 refuses the gateway's API key: 502",
+    ("openai", ErrorKind.UPSTREAM_BAD_RESPONSE): "an upstream's 502 is a proxy that cannot reach it: 503",
+    ("openai", ErrorKind.INTERNAL): "an upstream's 500 is its bug, to the gateway a bad answer: 502",
     ("umbridge", ErrorKind.OVERLOADED): "an upstream's Overloaded is its own limit: UpstreamOverloaded (503)",
     ("umbridge", ErrorKind.INTERNAL): "an upstream's InternalError is its bug: InvalidOutput",
 }
@@ -56,6 +61,7 @@ ENCODED: dict[str, Callable[[GatewayError], Any]] = {
     "umbridge": lambda error: (orjson.loads(umbridge.encode_error(error)[1])["error"]["type"],
                                umbridge.encode_error(error)[0]),
     "graphstorm": lambda error: orjson.loads(graphstorm.encode_error(error, ""))["status_code"],
+    "openai": lambda error: openai.encode_error(error)[0],
 }
 DECODED: dict[str, Callable[[Any], GatewayError]] = {
     "v2-rest": lambda status: v2_rest.decode_error(status, b'{"error": "why"}', "up-7"),
@@ -64,6 +70,7 @@ DECODED: dict[str, Callable[[Any], GatewayError]] = {
         form[1], {"error": {"message": "why", **({"type": form[0]} if form[0] else {})}}, "up-7"),
     "graphstorm": lambda code: graphstorm.upstream_error({"status_code": code, "error": "why"}, "up-7"),
     "v1-rest": lambda status: v1_rest_upstream.decode_error(status, b'{"error": "why"}', "up-7"),
+    "openai": lambda status: openai.decode_error(status, b'{"error": {"message": "why"}}', "up-7"),
 }
 
 

@@ -17,7 +17,8 @@ RUNS = 100000
 SECONDS = 4  # per target, whichever bound comes first
 
 
-@pytest.mark.parametrize("target", ["v2_rest_json", "v2_rest_binary", "v2_grpc", "umbridge", "graphstorm", "v1_rest"])
+@pytest.mark.parametrize("target", ["v2_rest_json", "v2_rest_binary", "v2_grpc", "umbridge", "graphstorm", "v1_rest",
+                                    "openai"])
 def test_fuzz_target(target: str, tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, str(REPO / "tests" / "fuzz_targets.py"), target, f"-runs={RUNS}",

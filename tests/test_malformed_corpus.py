@@ -1,9 +1,9 @@
-"""A corpus of malformed requests across the five listeners (V2 REST, V2
-gRPC, UM-Bridge, GraphStorm, V1 REST), each checked for the exact error form of its
+"""A corpus of malformed requests across the six listeners (V2 REST, V2
+gRPC, UM-Bridge, GraphStorm, V1 REST, OpenAI), each checked for the exact error form of its
 protocol (status, shape of the error body, words of the message) and
 followed by a good request on the same listener, which must still succeed.
 
-One gateway process serves all five listeners. Cases kept elsewhere are not
+One gateway process serves all six listeners. Cases kept elsewhere are not
 repeated here: tests/test_v2_rest_bad_input.py, test_grpc_frontend.py,
 test_umbridge_interop.py and test_graphstorm_gateway.py have their own; the
 limits have tests/test_limits.py.
@@ -35,12 +35,17 @@ listeners:
   - {{name: umb, protocol: umbridge, address: "127.0.0.1:0"}}
   - {{name: gs, protocol: graphstorm, address: "127.0.0.1:0"}}
   - {{name: v1, protocol: v1-rest, address: "127.0.0.1:0"}}
+  - {{name: oai, protocol: openai, address: "127.0.0.1:0", max_messages: 8, max_tokens: 64,
+      max_embedding_inputs: 4}}
 upstreams:
   - {{name: local, protocol: builtin}}
 routes:
   - match: {{model: gnn, listener: gs}}
     upstream: local
     options: {{graphstorm: {{graph_schema: "{MOVIELENS_SCHEMA}"}}}}
+  - match: {{model: text_embedder}}
+    upstream: local
+    options: {{openai: {{api: embeddings}}}}
   - match: {{model: "*"}}
     upstream: local
 """
@@ -517,13 +522,93 @@ V1_CASES = [
        headers={"Content-Encoding": "gzip"}),
 ]
 
-CASES = REST_CASES + GRPC_CASES + UMBRIDGE_CASES + GRAPHSTORM_CASES + V1_CASES
+CHAT = "/v1/chat/completions"
+HELLO = [{"role": "user", "content": "hello"}]
+
+
+def oai(name: str, body: bytes | Any, status: int, words: str, param: str | None = None, path: str = CHAT,
+        headers: dict[str, str] | None = None, method: str = "POST") -> Case:
+    """An OpenAI case; ``detail``: the error's ``param``."""
+    data = body if isinstance(body, bytes) else orjson.dumps(body)
+    return Case(name, "oai", (method, path, data, headers or {}), status, words, param)
+
+
+OPENAI_CASES = [
+    oai("empty body", b"", 400, "not valid JSON"),
+    oai("not UTF-8", b'{"model": "text_generator", "messages": ["\xff"]}', 400, "not valid JSON"),
+    oai("a list", [HELLO], 400, "must be a JSON object"),
+    oai("no model", {"messages": HELLO}, 400, "you must provide a model parameter", "model"),
+    oai("model a number", {"model": 3, "messages": HELLO}, 400, "'model' must be a non-empty string", "model"),
+    oai("no messages", {"model": "text_generator"}, 400, "you must provide a messages parameter", "messages"),
+    oai("messages a string", {"model": "text_generator", "messages": "hi"}, 400, "non-empty array", "messages"),
+    oai("messages empty", {"model": "text_generator", "messages": []}, 400, "non-empty array", "messages"),
+    oai("message a number", {"model": "text_generator", "messages": [1]}, 400, "must be an object",
+        "messages[0]"),
+    oai("message without role", {"model": "text_generator", "messages": [{"content": "x"}]}, 400,
+        "'messages[0].role' must be a non-empty string", "messages[0].role"),
+    oai("content a number", {"model": "text_generator", "messages": [{"role": "user", "content": 5}]}, 400,
+        "must be a string or an array of text parts", "messages[0].content"),
+    oai("image content", {"model": "text_generator", "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "x"}}]}]}, 400, "only text is supported",
+        "messages[0].content"),
+    oai("too many messages", {"model": "text_generator", "messages": HELLO * 9}, 400, "max_messages", "messages"),
+    oai("max_tokens a string", {"model": "text_generator", "messages": HELLO, "max_tokens": "5"}, 400,
+        "'max_tokens' must be an integer", "max_tokens"),
+    oai("max_tokens a boolean", {"model": "text_generator", "messages": HELLO, "max_tokens": True}, 400,
+        "'max_tokens' must be an integer", "max_tokens"),
+    oai("max_tokens over the bound", {"model": "text_generator", "messages": HELLO, "max_tokens": 65}, 400,
+        "the listener's max_tokens", "max_tokens"),
+    oai("max_tokens zero", {"model": "text_generator", "messages": HELLO, "max_tokens": 0}, 400,
+        "between 1 and 64", "max_tokens"),
+    oai("temperature a string", {"model": "text_generator", "messages": HELLO, "temperature": "hot"}, 400,
+        "'temperature' must be a number", "temperature"),
+    oai("temperature out of range", {"model": "text_generator", "messages": HELLO, "temperature": 3}, 400,
+        "between 0 and 2", "temperature"),
+    oai("stream a string", {"model": "text_generator", "messages": HELLO, "stream": "yes"}, 400,
+        "'stream' must be a boolean", "stream"),
+    oai("stop a number", {"model": "text_generator", "messages": HELLO, "stop": 5}, 400,
+        "'stop' must be a string or an array", "stop"),
+    oai("five stops", {"model": "text_generator", "messages": HELLO, "stop": list("abcde")}, 400,
+        "at most 4", "stop"),
+    oai("n of 2", {"model": "text_generator", "messages": HELLO, "n": 2}, 400, "only n=1", "n"),
+    oai("stream_options a list", {"model": "text_generator", "messages": HELLO, "stream_options": []}, 400,
+        "'stream_options' must be an object", "stream_options"),
+    oai("too deep", b'{"model": "text_generator", "messages": ' + nest(200) + b"}", 400, "max_json_depth"),
+    oai("unknown model", {"model": "nope", "messages": HELLO}, 404, "unknown model"),
+    oai("embeddings model for chat", {"model": "text_embedder", "messages": HELLO}, 400,
+        "is an embeddings model"),
+    oai("no prompt", {"model": "text_generator"}, 400, "you must provide a prompt parameter", "prompt",
+        path="/v1/completions"),
+    oai("two prompts", {"model": "text_generator", "prompt": ["a", "b"]}, 400, "one prompt per request",
+        "prompt", path="/v1/completions"),
+    oai("token prompt", {"model": "text_generator", "prompt": [1, 2]}, 400, "one prompt per request", "prompt",
+        path="/v1/completions"),
+    oai("no input", {"model": "text_embedder"}, 400, "you must provide an input parameter", "input",
+        path="/v1/embeddings"),
+    oai("input numbers", {"model": "text_embedder", "input": [1, 2]}, 400, "array of strings", "input",
+        path="/v1/embeddings"),
+    oai("too many inputs", {"model": "text_embedder", "input": ["a"] * 5}, 400, "max_embedding_inputs", "input",
+        path="/v1/embeddings"),
+    oai("unknown encoding", {"model": "text_embedder", "input": "a", "encoding_format": "int8"}, 400,
+        "'encoding_format' must be", "encoding_format", path="/v1/embeddings"),
+    oai("other dimensions", {"model": "text_embedder", "input": "a", "dimensions": 3}, 400,
+        "answers 8 dimensions", "dimensions", path="/v1/embeddings"),
+    oai("unknown model listed", b"", 404, "unknown model", path="/v1/models/nope", method="GET"),
+    oai("unknown path", b"", 404, "", path="/v1/nothing", method="GET"),
+    oai("GET chat", b"", 405, "method GET is not allowed", method="GET"),
+    oai("too large", {"model": "text_generator", "prompt": "x" * (2 << 20)}, 413, "limit",
+        path="/v1/completions"),
+    oai("gzip bomb", gzip.compress(b" " * (2 << 20)), 413, "inflates to more than the limit",
+        headers={"Content-Encoding": "gzip"}),
+]
+
+CASES = REST_CASES + GRPC_CASES + UMBRIDGE_CASES + GRAPHSTORM_CASES + V1_CASES + OPENAI_CASES
 
 
 def test_the_corpus_is_large_and_unique() -> None:
     assert len(CASES) >= 100
     assert len({(c.listener, c.name) for c in CASES}) == len(CASES)
-    assert {c.listener for c in CASES} == {"rest", "grpc", "umb", "gs", "v1"}
+    assert {c.listener for c in CASES} == {"rest", "grpc", "umb", "gs", "v1", "oai"}
 
 
 @pytest.fixture(scope="module")
@@ -563,6 +648,10 @@ def _still_serves(case: Case, gateway: GatewayProcess, http: requests.Session, c
     elif case.listener == "v1":
         reply = http.post(f"http://{gateway.url('v1')}{V1_SIMPLE}", json={"instances": [ROW]}, timeout=10)
         assert reply.status_code == 200 and reply.json()["predictions"][0]["OUTPUT1"] == list(range(-1, 15))
+    elif case.listener == "oai":
+        reply = http.post(f"http://{gateway.url('oai')}{CHAT}", json={"model": "text_generator", "messages": HELLO,
+                                                                      "max_tokens": 3}, timeout=10)
+        assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 3, reply.text
     elif case.listener == "umb":
         reply = http.post(f"http://{gateway.url('umb')}/Evaluate", json=POINT, timeout=10)
         assert reply.json() == {"output": [[3.0, 3.0, 4.0]]}
@@ -590,6 +679,10 @@ def test_malformed_request(case: Case, gateway: GatewayProcess, http: requests.S
         answer = reply.json()
         if case.listener in ("rest", "v1"):
             assert set(answer) == {"error"} and case.words in answer["error"], answer
+        elif case.listener == "oai":
+            assert set(answer) == {"error"} and set(answer["error"]) == {"message", "type", "param", "code"}
+            assert case.words in answer["error"]["message"] and answer["error"]["param"] == case.detail, answer
+            assert answer["error"]["type"] == ("invalid_request_error" if case.status < 500 else "server_error")
         elif case.listener == "umb":
             assert set(answer) == {"error"} and set(answer["error"]) == {"type", "message"}
             assert answer["error"]["type"] == case.detail and case.words in answer["error"]["message"], answer

@@ -238,7 +238,8 @@ def test_repository_index_lists_routed_models_with_their_state(
         grpc_client: grpcclient.InferenceServerClient) -> None:
     index = {entry["name"]: entry for entry in http.get_model_repository_index()}
     assert {"simple", "simple_string", "identity", "forward", "trig", "gnn", "simple_sequence",
-            "simple_dyna_sequence", "simple_string_dyna_sequence", "repeat_int32", "offline"} == set(index)
+            "simple_dyna_sequence", "simple_string_dyna_sequence", "repeat_int32", "text_generator", "text_embedder",
+            "offline"} == set(index)
     assert index["simple"]["state"] == "READY"
     assert index["offline"]["state"] == "UNAVAILABLE" and "gone" in index["offline"]["reason"]
     over_grpc = {m.name: (m.state, m.reason) for m in grpc_client.get_model_repository_index().models}

@@ -166,7 +166,8 @@ def test_index_comes_from_the_upstream_repository_index(chain: tuple[GatewayProc
     with grpcclient.InferenceServerClient(front.url("grpc")) as grpc_client:
         names = {m.name for m in grpc_client.get_model_repository_index().models}
     assert names == {"via-rest", "via-grpc", "simple", "simple_string", "identity", "forward", "trig", "gnn",
-                     "simple_sequence", "simple_dyna_sequence", "simple_string_dyna_sequence", "repeat_int32"}
+                     "simple_sequence", "simple_dyna_sequence", "simple_string_dyna_sequence", "repeat_int32",
+                     "text_generator", "text_embedder"}
 
 
 def test_front_classifies_and_each_gateway_counts_its_own(chain: tuple[GatewayProcess, GatewayProcess]) -> None:

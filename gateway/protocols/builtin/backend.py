@@ -35,6 +35,7 @@ from gateway.protocols.builtin.sequences import (
     SequenceSettings,
     StringDynaSequence,
 )
+from gateway.protocols.builtin.text import TextEmbedder, TextGenerator
 from gateway.runtime.budget import InflightBudget
 from gateway.runtime.services import GatewayServices
 
@@ -59,6 +60,8 @@ def default_models(gnn: GnnSettings | None = None, sequences: SequenceSettings |
         lambda: DynaSequence("simple_dyna_sequence", sequences, budget=budget),
         lambda: StringDynaSequence("simple_string_dyna_sequence", sequences, budget=budget),
         RepeatInt32,
+        TextGenerator,
+        TextEmbedder,
     ]
     models = [make() for make in factories]
     return {model.name: model for model in models}
@@ -148,7 +151,7 @@ class BuiltinClient(UpstreamClient):
 
     async def infer(self, request: InferRequest, ctx: RequestContext) -> InferResponse:
         model = self._model(request.model_name, request.model_version)
-        if isinstance(model, DecoupledModel):
+        if isinstance(model, DecoupledModel) and not model.answers_unary:
             raise unsupported(decoupled_refusal(model.name))
         outputs = model.infer(request)
         return InferResponse(model.name, MODEL_VERSION, request.id, outputs)

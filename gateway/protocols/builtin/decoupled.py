@@ -38,6 +38,9 @@ def decoupled_refusal(model: str) -> str:
 class DecoupledModel(BuiltinModel):
     """A model whose answer is a stream of responses (``responses``)."""
 
+    # Whether a unary call gets an answer too (infer()), as the text generator's whole text.
+    answers_unary = False
+
     def metadata(self) -> ModelMetadata:
         return ModelMetadata(self.name, (MODEL_VERSION,), PLATFORM, self.inputs, self.outputs,
                              {DECOUPLED_PARAMETER: True})

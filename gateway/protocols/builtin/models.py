@@ -35,6 +35,8 @@ class BuiltinModel(abc.ABC):
     outputs: tuple[TensorSpec, ...]
     # When True, any datatype and rank is accepted for every input.
     any_datatype: bool = False
+    # Inputs a request may leave out.
+    optional_inputs: frozenset[str] = frozenset()
 
     def metadata(self) -> ModelMetadata:
         return ModelMetadata(self.name, (MODEL_VERSION,), PLATFORM, self.inputs, self.outputs)
@@ -53,6 +55,8 @@ class BuiltinModel(abc.ABC):
         for spec in self.inputs:
             found = by_name.get(spec.name)
             if found is None:
+                if spec.name in self.optional_inputs:
+                    continue
                 raise invalid(f"model '{self.name}' expects {len(self.inputs)} inputs, "
                               f"input '{spec.name}' is missing")
             if self.any_datatype:

@@ -1,0 +1,15 @@
+"""OpenAI's API (``/v1/chat/completions``, ``/v1/completions``,
+``/v1/embeddings``, ``/v1/models``): a listener for OpenAI clients to V2
+text models in Triton's LLM conventions (frontend.py, codec.py; the
+mapping per route: mapping.py, docs/protocols.md)."""
+
+from typing import Any
+
+from gateway.protocols.registry import lazy_export
+
+_EXPORTS = {"FRONTEND": "frontend:OpenAiFrontend", "ERRORS": "errors:ERRORS"}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    return lazy_export(__name__, name, **_EXPORTS)
