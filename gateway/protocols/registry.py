@@ -20,6 +20,7 @@ from gateway.protocols.base import UpstreamClient
 PROTOCOLS: dict[str, str] = {
     "builtin": "gateway.protocols.builtin",
     "graphstorm": "gateway.protocols.graphstorm",
+    "openai": "gateway.protocols.openai",
     "umbridge": "gateway.protocols.umbridge",
     "v1-rest": "gateway.protocols.v1_rest",
     "v2-grpc": "gateway.protocols.v2_grpc",
