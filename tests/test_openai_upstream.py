@@ -24,9 +24,12 @@ import tritonclient.http as httpclient
 from stream_client import Stream, final_flag
 from tritonclient.utils import InferenceServerException
 
+from gateway.app.configure import parse_config
+from gateway.config.node import ConfigError
 from gateway.core.errors import ErrorKind, GatewayError
 from gateway.core.types import InferRequest, Tensor
 from gateway.protocols.openai import upstream_codec as codec
+from gateway.protocols.openai.upstream_options import OpenAiUpstreamOptions
 from gateway.transport.http_server.sse import parse_events
 from peers.litellm import MASTER_KEY, LiteLlmPeer, litellm  # noqa: F401 - the session-wide LiteLLM fixture
 from support import GatewayProcess, free_port, write_config
@@ -359,3 +362,38 @@ def test_codec_errors_keep_secrets_out() -> None:
     assert "sk-abc123" not in other.message and "10.0.0.7" not in other.message and "failed" in other.message
     assert codec.decode_error(404, b"not json", "llm").kind is ErrorKind.MODEL_NOT_FOUND
     assert codec.decode_error(429, b"{}", "llm").kind is ErrorKind.UPSTREAM_OVERLOADED
+
+
+# --- the upstream's keys ------------------------------------------------------------------------
+
+
+def _upstream_config(**keys: object) -> dict[str, object]:
+    return {"listeners": [{"name": "rest", "protocol": "v2-rest", "address": "127.0.0.1:0"}],
+            "upstreams": [{"name": "llm", "protocol": "openai", "endpoints": ["127.0.0.1:1"], **keys}],
+            "routes": [{"match": {"model": "*"}, "upstream": "llm"}]}
+
+
+def test_upstream_keys(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GW_TEST_LLM_KEY", "sk-x")
+    options = parse_config(_upstream_config(base_path="/openai", api_key_env="GW_TEST_LLM_KEY", api="chat",
+                                            models={"emb-*": "embeddings", "text-*": "completions"})
+                           ).upstreams[0].options
+    assert isinstance(options, OpenAiUpstreamOptions)
+    assert (options.base_path, options.api_key_env) == ("/openai", "GW_TEST_LLM_KEY")
+    assert [options.api_of(m) for m in ("emb-a", "text-b", "other")] == ["embeddings", "completions", "chat"]
+    assert parse_config(_upstream_config()).upstreams[0].options.api_of("any") == "completions"
+
+
+@pytest.mark.parametrize(("keys", "problem"), [
+    ({"base_path": "openai"}, "base_path: must start with '/'"),
+    ({"base_path": "/openai/"}, "base_path: must start with '/'"),
+    ({"api": "responses"}, "api: must be one of"),
+    ({"models": {"m-*": "chat-completions"}}, "models.m-*: must be one of"),
+    ({"api_key_env": "GW_TEST_UNSET_VARIABLE"}, "environment variable GW_TEST_UNSET_VARIABLE is not set"),
+    ({"api_key_env": "HOME", "auth": {"token": {"env": "HOME"}}}, "give api_key_env or auth, not both"),
+    ({"api_keys_env": "HOME"}, "api_keys_env: unknown key"),
+])
+def test_upstream_key_errors(keys: dict[str, object], problem: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config(_upstream_config(**keys))
+    assert problem in str(info.value)
