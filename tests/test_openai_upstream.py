@@ -331,6 +331,17 @@ def test_codec_refuses_bad_fields(change: Any, words: str) -> None:
     assert refused.value.kind is ErrorKind.INVALID_INPUT and words in refused.value.message
 
 
+def test_codec_stream_flag() -> None:
+    """A stream's request streams unless ``stream`` says false; a flag that is no boolean is refused."""
+    assert codec.wants_stream(_request("m", ["hi"])) is True
+    assert codec.wants_stream(_request("m", ["hi"], stream=np.array([False]))) is False
+    flagged = _request("m", ["hi"])
+    flagged.parameters["stream"] = "false"
+    with pytest.raises(GatewayError) as refused:
+        codec.wants_stream(flagged)
+    assert refused.value.kind is ErrorKind.INVALID_INPUT
+
+
 def test_codec_answers() -> None:
     chat = b'{"choices": [{"message": {"role": "assistant", "content": "ok"}}], "usage": {"prompt_tokens": 3}}'
     assert codec.decode_text_answer(chat, "chat") == ("ok", {"prompt_tokens": 3})

@@ -31,6 +31,7 @@ from gateway.core.addresses import without_addresses
 from gateway.core.cache import TtlCache
 from gateway.core.contracts import StreamedResponse
 from gateway.core.errors import ErrorKind, GatewayError, model_not_found
+from gateway.core.limits import BYTES_ELEMENT_COST
 from gateway.core.types import InferRequest, InferResponse, ModelMetadata, RequestContext
 from gateway.protocols.base import UpstreamClient
 from gateway.protocols.openai import upstream_codec as codec
@@ -115,8 +116,10 @@ class OpenAiClient(UpstreamClient):
     async def infer(self, request: InferRequest, ctx: RequestContext) -> InferResponse:
         api = self.options.api_of(request.model_name)
         offload = self.services.offload
+        # Reading n texts is a loop over n elements: off the event loop when n is large.
+        elements = BYTES_ELEMENT_COST * sum(int(tensor.data.size) for tensor in request.inputs)
         if api == EMBEDDINGS:
-            body, count = codec.encode_embeddings_request(request)
+            body, count = await offload.run(elements, codec.encode_embeddings_request, request)
             reply = await self._send("POST", codec.path_of(api), body, ctx)
             if reply.status != 200:
                 raise self._error(reply.status, reply.body)
@@ -124,7 +127,8 @@ class OpenAiClient(UpstreamClient):
                 matrix, usage = await offload.run(len(reply.body), codec.decode_embeddings, reply.body, count,
                                                   self.services.config.limits.max_tensor_elements)
             return codec.embeddings_response(request, matrix, usage)
-        reply = await self._send("POST", codec.path_of(api), codec.encode_text_request(request, api, False), ctx)
+        body = await offload.run(elements, codec.encode_text_request, request, api, False)
+        reply = await self._send("POST", codec.path_of(api), body, ctx)
         if reply.status != 200:
             raise self._error(reply.status, reply.body)
         with self._reading():

@@ -121,7 +121,11 @@ def _sampling(request: InferRequest) -> dict[str, Any]:
 def wants_stream(request: InferRequest) -> bool:
     """Whether a stream's request asks for chunks (``stream`` absent: yes)."""
     value = _field(request, STREAM_INPUT)
-    return value is None or bool(value)
+    if value is None:
+        return True
+    if not isinstance(value, bool):
+        raise invalid(f"'{STREAM_INPUT}' must be a boolean")
+    return value
 
 
 def encode_text_request(request: InferRequest, api: str, stream: bool) -> bytes:
