@@ -142,6 +142,19 @@ def test_grpc_text(gateway: GatewayProcess, sdk: openai.OpenAI, model: str) -> N
     assert _text_output(result) == _direct_text(sdk, model, PROMPT, max_tokens=3) == "DOG LAZY THE"
 
 
+def test_vllm_sampling_parameters(gateway: GatewayProcess, sdk: openai.OpenAI) -> None:
+    """Triton's vLLM model convention: the sampling fields as one JSON text input."""
+    inputs = _text_inputs(grpcclient, PROMPT)
+    bundled = grpcclient.InferInput("sampling_parameters", [1], "BYTES")
+    bundled.set_data_from_numpy(np.array([orjson.dumps({"max_tokens": 5, "stop": ["THE"]})], dtype=object))
+    client = grpcclient.InferenceServerClient(gateway.url("grpc"))
+    try:
+        result = client.infer("chat-echo", [*inputs, bundled])
+    finally:
+        client.close()
+    assert _text_output(result) == _direct_text(sdk, "chat-echo", PROMPT, max_tokens=5, stop=["THE"]) == "DOG LAZY"
+
+
 def test_usage_comes_back_as_parameters(gateway: GatewayProcess) -> None:
     """The server's token counts ride on the V2 answer's parameters."""
     body = {"inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [1], "data": [PROMPT]}],
@@ -189,6 +202,35 @@ def test_generate_stream(gateway: GatewayProcess, sdk: openai.OpenAI, model: str
     events = [orjson.loads(event.data) for event in parse_events(reply.content, 1 << 20)]
     texts = [event["text_output"] for event in events]
     assert texts == _direct_stream(sdk, model, PROMPT, max_tokens=6, stop=["OVER"]) == ["DOG", " LAZY", " THE"]
+
+
+def test_generate_stream_failing_model(gateway: GatewayProcess) -> None:
+    """A model that fails: the V2 error answer (nothing was streamed), naming
+    the upstream, quoting neither address nor key."""
+    reply = requests.post(f"http://{gateway.url('rest')}/v2/models/chat-echo/generate_stream",
+                          json={"text_input": "fail"}, timeout=30)
+    assert reply.status_code == 502, reply.text  # LiteLLM answers 500 before it streams
+    error = reply.json()["error"]
+    assert "llm" in error and "asked to fail" in error
+    assert MASTER_KEY not in reply.text and "127.0.0.1" not in reply.text
+
+
+def test_stream_broken_midway(gateway: GatewayProcess) -> None:
+    """An error event after a chunk: the chunk is delivered, not final, then
+    the error, in each client's form (gRPC: an error in the stream;
+    generate_stream: an error event)."""
+    prompt = "break one two three"
+    with Stream(gateway.url("grpc")) as stream:
+        stream.client.async_stream_infer("chat-echo", _text_inputs(grpcclient, prompt))
+        (first, first_error), (_, error) = stream.next(), stream.next()
+    assert first_error is None and _text_output(first) == "THREE" and final_flag(first) is False
+    assert error is not None and "broke its stream" in str(error) and MASTER_KEY not in str(error)
+    reply = requests.post(f"http://{gateway.url('rest')}/v2/models/chat-echo/generate_stream",
+                          json={"text_input": prompt}, timeout=30)
+    events = [orjson.loads(event.data) for event in parse_events(reply.content, 1 << 20)]
+    assert reply.status_code == 200 and events[0] == {"model_name": "chat-echo", "model_version": "",
+                                                      "text_output": "THREE"}
+    assert len(events) == 2 and "broke its stream" in events[1]["error"], events
 
 
 def test_generate_unary(gateway: GatewayProcess, sdk: openai.OpenAI) -> None:
@@ -329,6 +371,21 @@ def test_codec_refuses_bad_fields(change: Any, words: str) -> None:
     with pytest.raises(GatewayError) as refused:
         codec.encode_text_request(request, "completions", False)
     assert refused.value.kind is ErrorKind.INVALID_INPUT and words in refused.value.message
+
+
+def test_codec_bundled_and_aliased_fields() -> None:
+    """sampling_parameters (vLLM) fills what the request does not give itself;
+    TensorRT-LLM's stop_words and random_seed stand for stop and seed."""
+    request = _request("m", ["hi"], sampling_parameters=np.array([b'{"max_tokens": 9, "top_p": 0.5}'], dtype=object),
+                       max_tokens=np.array([3], dtype=np.int32), stop_words=np.array([b"x"], dtype=object),
+                       random_seed=np.array([11], dtype=np.uint64))
+    body = orjson.loads(codec.encode_text_request(request, "completions", False))
+    assert body == {"model": "m", "prompt": "hi", "max_tokens": 3, "top_p": 0.5, "seed": 11, "stop": ["x"]}
+    request.parameters["sampling_parameters"] = "[1]"
+    request.inputs = [t for t in request.inputs if t.name != "sampling_parameters"]
+    with pytest.raises(GatewayError) as refused:
+        codec.encode_text_request(request, "completions", False)
+    assert refused.value.kind is ErrorKind.INVALID_INPUT and "sampling_parameters" in refused.value.message
 
 
 def test_codec_stream_flag() -> None:

@@ -7,7 +7,9 @@ V2 side: ``text_input`` BYTES (one element; for embeddings, n) and the
 sampling fields below, each an input of one element or a request
 parameter (an input wins); ``text_output`` BYTES [1] or ``embedding``
 FP32 [n, d] back. ``stream`` is read from the call: a stream's request is
-streamed upstream unless it says ``stream: false``.
+streamed upstream unless it says ``stream: false``. Triton's vLLM model
+takes the sampling fields as one JSON text, ``sampling_parameters``, and
+TensorRT-LLM names two of them otherwise (:data:`ALIASES`): both are read.
 """
 
 from __future__ import annotations
@@ -34,6 +36,10 @@ SAMPLING: dict[str, str] = {
     "max_tokens": "INT32", "temperature": "FP32", "top_p": "FP32", "seed": "INT64",
     "presence_penalty": "FP32", "frequency_penalty": "FP32", "stop": "BYTES",
 }
+# TensorRT-LLM's names for two of them, read when the OpenAI name is absent.
+ALIASES: dict[str, tuple[str, ...]] = {"stop": ("stop_words",), "seed": ("random_seed",)}
+# Triton's vLLM model: the sampling fields as one JSON object in a BYTES input (or a parameter).
+SAMPLING_PARAMETERS = "sampling_parameters"
 _MAX_STOP_SEQUENCES = 4  # OpenAI's bound
 _USAGE_FIELDS = ("prompt_tokens", "completion_tokens", "total_tokens")
 
@@ -48,6 +54,7 @@ def model_metadata(model: str, api: str) -> ModelMetadata:
         return ModelMetadata(model, (), PLATFORM, (TensorSpec(TEXT_INPUT, "BYTES", (-1,)),),
                              (TensorSpec(EMBEDDING_OUTPUT, "FP32", (-1, -1)),))
     inputs = (TensorSpec(TEXT_INPUT, "BYTES", (1,)), TensorSpec(STREAM_INPUT, "BOOL", (1,)),
+              TensorSpec(SAMPLING_PARAMETERS, "BYTES", (1,)),
               *(TensorSpec(name, datatype, (-1,) if name == "stop" else (1,)) for name, datatype in SAMPLING.items()))
     return ModelMetadata(model, (), PLATFORM, inputs, (TensorSpec(TEXT_OUTPUT, "BYTES", (1,)),))
 
@@ -84,22 +91,47 @@ def texts(request: InferRequest) -> list[str]:
 
 
 def _field(request: InferRequest, name: str) -> Any:
-    """A sampling field's value: from an input of that name, else a request parameter."""
-    tensor = _input(request, name)
-    if tensor is None:
-        return request.parameters.get(name)
+    """A sampling field's value: from an input of that name (or an alias),
+    else a request parameter; None when the request has neither."""
+    for candidate in (name, *ALIASES.get(name, ())):
+        tensor = _input(request, candidate)
+        if tensor is not None:
+            return _tensor_value(tensor, name)
+        if candidate in request.parameters:
+            return request.parameters[candidate]
+    return None
+
+
+def _tensor_value(tensor: Tensor, name: str) -> Any:
     values = [item.item() if hasattr(item, "item") else item for item in tensor.data.reshape(-1)]
     if name == "stop":
         return values
     if len(values) != 1:
-        raise invalid(f"input '{name}' must hold one value, got {len(values)}")
+        raise invalid(f"input '{tensor.name}' must hold one value, got {len(values)}")
     return values[0]
+
+
+def _sampling_parameters(request: InferRequest) -> dict[str, Any]:
+    """``sampling_parameters``, a JSON object as text, or nothing."""
+    text = _field(request, SAMPLING_PARAMETERS)
+    if text is None:
+        return {}
+    try:
+        obj = orjson.loads(_text(text, f"'{SAMPLING_PARAMETERS}'"))
+    except orjson.JSONDecodeError:
+        obj = None
+    if not isinstance(obj, dict):
+        raise invalid(f"'{SAMPLING_PARAMETERS}' must be a JSON object as text")
+    return obj
 
 
 def _sampling(request: InferRequest) -> dict[str, Any]:
     fields: dict[str, Any] = {}
+    bundled = _sampling_parameters(request)
     for name in SAMPLING:
         value = _field(request, name)
+        if value is None:
+            value = bundled.get(name)
         if value is None:
             continue
         if name == "stop":

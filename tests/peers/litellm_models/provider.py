@@ -6,7 +6,8 @@ The text for a prompt is its words reversed, each upper-cased, cut to
 ``max_tokens`` words and at the first ``stop`` word; streamed, each word
 (with its leading space) is one chunk. An embedding of a text is 4 numbers
 from its length and its bytes. A prompt of ``fail`` raises (LiteLLM
-answers it as an error).
+answers it as an error); a streamed prompt starting ``break`` raises after
+its first chunk.
 """
 
 from __future__ import annotations
@@ -79,8 +80,11 @@ class Deterministic(CustomLLM):
 
     async def astreaming(self, model: str, messages: list[dict[str, Any]], *args: Any,
                          **kwargs: Any) -> AsyncIterator[GenericStreamingChunk]:
+        prompt = _prompt(messages)
         for chunk in self._chunks(messages, kwargs.get("optional_params") or {}):
             yield chunk
+            if prompt.startswith("break "):  # fails once its first chunk is on its way
+                raise RuntimeError("the test provider broke its stream")
 
     def _embeddings(self, model: str, input: list[str] | str) -> EmbeddingResponse:
         texts = [input] if isinstance(input, str) else list(input)
