@@ -11,6 +11,7 @@ the end.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
@@ -25,11 +26,14 @@ from stream_client import Stream, final_flag
 from tritonclient.utils import InferenceServerException
 
 from gateway.app.configure import parse_config
-from gateway.config.node import ConfigError
+from gateway.config.address import parse_address
+from gateway.config.node import ConfigError, Node
 from gateway.core.errors import ErrorKind, GatewayError
-from gateway.core.types import InferRequest, Tensor
+from gateway.core.types import InferRequest, RequestContext, Tensor
 from gateway.protocols.openai import upstream_codec as codec
+from gateway.protocols.openai.backend import OpenAiClient
 from gateway.protocols.openai.upstream_options import OpenAiUpstreamOptions
+from gateway.runtime.services import GatewayServices
 from gateway.transport.http_server.sse import parse_events
 from peers.litellm import MASTER_KEY, LiteLlmPeer, litellm  # noqa: F401 - the session-wide LiteLLM fixture
 from support import GatewayProcess, free_port, write_config
@@ -335,6 +339,29 @@ def test_bad_input_is_the_clients_error(gateway: GatewayProcess) -> None:
              "parameters": {"max_tokens": "many"}}
     reply = requests.post(rest, json=wrong, timeout=30)
     assert reply.status_code == 400 and "max_tokens" in reply.json()["error"]
+
+
+# --- one client of its own ------------------------------------------------------------------------
+
+
+async def test_streams_reuse_their_connection(litellm: LiteLlmPeer, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    """After [DONE] the reply's end is read, so the next stream takes the same
+    pooled connection rather than a new one."""
+    monkeypatch.setenv("GW_TEST_LLM_KEY", MASTER_KEY)
+    parsed = parse_config(_upstream_config(api_key_env="GW_TEST_LLM_KEY", api="chat"))
+    upstream = dataclasses.replace(parsed.upstreams[0], endpoints=(parse_address(Node(litellm.address, "", [])),))
+    client = OpenAiClient(upstream, upstream.endpoints[0], GatewayServices(parsed, parsed.server))
+    await client.start()
+    try:
+        for _ in range(3):
+            request = _request("chat-echo", [PROMPT], max_tokens=np.array([2], dtype=np.int32))
+            parts = [part async for part in client.infer_stream(request, RequestContext("grpc", "v2-grpc"))]
+            assert [bytes(p.response.outputs[0].data[0]) for p in parts] == [b"DOG", b" LAZY"]
+            assert [p.final for p in parts] == [False, True]
+            assert client.http is not None
+            assert (client.http.open_connections, client.http.idle_connections) == (1, 1)
+    finally:
+        await client.close()
 
 
 # --- the codec's pure functions --------------------------------------------------------------

@@ -47,7 +47,7 @@ from gateway.transport.upstream import reading_reply, response_limit
 MODEL_LIST_TTL = 10.0
 # A streamed reply's unread part waits in a buffer this big; past it the socket is not read.
 STREAM_BUFFER_BYTES = 256 << 10
-_ERROR_BODY_BYTES = 64 << 10
+_ERROR_BODY_BYTES = 64 << 10  # read of an error answer, or of what follows [DONE]
 
 
 class OpenAiClient(UpstreamClient):
@@ -113,13 +113,17 @@ class OpenAiClient(UpstreamClient):
 
     # --- inference -----------------------------------------------------------------
 
+    @staticmethod
+    def _reading_cost(request: InferRequest) -> int:
+        """What reading the request's elements costs, for the offload pool
+        (n texts are a loop over n elements: off the event loop when n is large)."""
+        return BYTES_ELEMENT_COST * sum(int(tensor.data.size) for tensor in request.inputs)
+
     async def infer(self, request: InferRequest, ctx: RequestContext) -> InferResponse:
         api = self.options.api_of(request.model_name)
         offload = self.services.offload
-        # Reading n texts is a loop over n elements: off the event loop when n is large.
-        elements = BYTES_ELEMENT_COST * sum(int(tensor.data.size) for tensor in request.inputs)
         if api == EMBEDDINGS:
-            body, count = await offload.run(elements, codec.encode_embeddings_request, request)
+            body, count = await offload.run(self._reading_cost(request), codec.encode_embeddings_request, request)
             reply = await self._send("POST", codec.path_of(api), body, ctx)
             if reply.status != 200:
                 raise self._error(reply.status, reply.body)
@@ -127,7 +131,7 @@ class OpenAiClient(UpstreamClient):
                 matrix, usage = await offload.run(len(reply.body), codec.decode_embeddings, reply.body, count,
                                                   self.services.config.limits.max_tensor_elements)
             return codec.embeddings_response(request, matrix, usage)
-        body = await offload.run(elements, codec.encode_text_request, request, api, False)
+        body = await offload.run(self._reading_cost(request), codec.encode_text_request, request, api, False)
         reply = await self._send("POST", codec.path_of(api), body, ctx)
         if reply.status != 200:
             raise self._error(reply.status, reply.body)
@@ -144,7 +148,8 @@ class OpenAiClient(UpstreamClient):
         if api == EMBEDDINGS or not codec.wants_stream(request):
             yield StreamedResponse(await self.infer(request, ctx), final=True)
             return
-        body = codec.encode_text_request(request, api, True)
+        body = await self.services.offload.run(self._reading_cost(request), codec.encode_text_request, request, api,
+                                               True)
         headers = {**self._headers(ctx, True), "Accept": "text/event-stream"}
         stream = await self._started().stream("POST", self.options.base_path + codec.path_of(api), headers, body,
                                               buffer_bytes=STREAM_BUFFER_BYTES)
@@ -173,6 +178,8 @@ class OpenAiClient(UpstreamClient):
                 if not done:
                     raise GatewayError(ErrorKind.UPSTREAM_BAD_RESPONSE,
                                        f"upstream {self.label} ended its stream without [DONE]")
+                # The reply's end follows [DONE]: read it so the connection is reused (bounded; past it, closed).
+                await stream.read_all(_ERROR_BODY_BYTES)
             except GatewayError:
                 if held is not None:  # what came before the error is the client's, unflagged
                     pending, held = held, None
