@@ -17,6 +17,9 @@ Scenarios (issue #8):
      ``return 200``), in front of it the gateway (one process, V2 REST pass-through; access log on, as by
      default, and off) and nginx (one worker, keep-alive pool), and direct as the floor: requests/s at
      concurrency 16 and CPU us per request of each proxy's whole process tree (/proc), the rows taking turns
+  k  a chat completion through the gateway's ``openai`` upstream vs LiteLLM's proxy direct (its own venv, the
+     test suite's deterministic provider): Triton's generate (V2 REST) and, when the ``openai`` listener is
+     there, OpenAI's chat API through the gateway; p50 and the gateway's CPU per request
 
 Targets are issue 16's and 18's (docs/performance.md has the table and what bounds each).
 The machine is small and shared: only ratios measured within one run count.
@@ -309,6 +312,50 @@ class Bench:
         finally:
             peer.stop()
 
+    def scenario_k(self) -> None:
+        """What the gateway adds to a chat completion, against LiteLLM's proxy direct."""
+        import requests
+
+        from peers.litellm import MASTER_KEY, LiteLlmPeer
+
+        directory = self.workdir / "litellm"
+        directory.mkdir()
+        peer = LiteLlmPeer(directory).start()
+        try:
+            os.environ["LLM_API_KEY"] = MASTER_KEY  # the gateway's api_key_env, inherited by its process
+            with_listener = (REPO / "gateway" / "protocols" / "openai" / "frontend.py").exists()
+            proc, ports = self.gateway("k", _openai_config(peer.address, with_listener))
+            session = requests.Session()
+            messages = [{"role": "user", "content": "the quick brown fox jumps over the lazy dog"}]
+            chat = orjson.dumps({"model": "chat-echo", "messages": messages, "max_tokens": 4})
+            generate = orjson.dumps({"text_input": messages[0]["content"], "max_tokens": 4})
+            json_headers = {"Content-Type": "application/json"}
+
+            def post(url: str, body: bytes, headers: dict[str, str]) -> Callable[[], None]:
+                def call() -> None:
+                    session.post(url, data=body, headers=headers, timeout=30).raise_for_status()
+                return call
+
+            calls = {"direct": post(f"http://{peer.address}/v1/chat/completions", chat,
+                                    {**json_headers, "Authorization": f"Bearer {MASTER_KEY}"}),
+                     "via gateway (V2 generate)": post(
+                         f"http://127.0.0.1:{ports['rest']}/v2/models/chat-echo/generate", generate, json_headers)}
+            if with_listener:
+                calls["via gateway (OpenAI chat)"] = post(
+                    f"http://127.0.0.1:{ports['oai']}/v1/chat/completions", chat, json_headers)
+            repeat, warmup = self.repeat * 10, 20
+            cpu = proc.cpu_seconds()
+            times = {name: median_ms(t) for name, t in interleaved(calls, repeat, warmup).items()}
+            per_request = (proc.cpu_seconds() - cpu) * 1000 / ((repeat + warmup) * (len(calls) - 1))
+            via = max(value for name, value in times.items() if name != "direct")
+            self.report.add(Row("k", "chat completion (4 tokens), p50", times, via / times["direct"],
+                                "via/direct (reported)", unit="ms",
+                                note=f"added {via - times['direct']:.3f} ms at most"))
+            self.report.add(Row("k", "chat completion, gateway CPU per request", {"gateway": per_request},
+                                unit="ms"))
+        finally:
+            peer.stop()
+
     def _compare(self, what: str, arms: dict[str, tuple[Process, Any]], calls: dict[str, Callable[[], None]],
                  repeat: int, warmup: int) -> None:
         """p50 of ``calls`` taking turns ("direct" first), and the CPU time
@@ -593,6 +640,24 @@ def _c_upstream_server(port: int) -> str:
   }}"""
 
 
+def _openai_config(address: str, with_listener: bool) -> str:
+    """A V2 REST listener (and the OpenAI one when there is one); every model to LiteLLM's proxy."""
+    listener = '\n  - {name: oai, protocol: openai, address: "127.0.0.1:0"}' if with_listener else ""
+    return f"""
+admin: {{address: "127.0.0.1:0"}}
+listeners:
+  - {{name: rest, protocol: v2-rest, address: "127.0.0.1:0"}}{listener}
+upstreams:
+  - name: llm
+    protocol: openai
+    endpoints: ["{address}"]
+    api_key_env: LLM_API_KEY
+    models: {{"chat-*": chat, "embed-*": embeddings}}
+routes:
+  - {{match: {{model: "*"}}, upstream: llm}}
+"""
+
+
 def _verbatim_passthroughs(admin_port: int) -> float:
     """The gateway's count of V2 REST requests relayed verbatim (its metrics)."""
     with urllib.request.urlopen(f"http://127.0.0.1:{admin_port}/metrics", timeout=10) as reply:
@@ -649,11 +714,11 @@ def _bench(seconds: float, repeat: int) -> Iterator[Bench]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", default="abcdefgh", help="scenarios to run, e.g. 'a,c' (default: all)")
+    parser.add_argument("--only", default="abcdefghk", help="scenarios to run, e.g. 'a,c' (default: all)")
     parser.add_argument("--quick", action="store_true", help="short runs (smoke test of the suite)")
     args = parser.parse_args()
     seconds, repeat = (2.0, 8) if args.quick else (8.0, 20)
-    wanted = [s for s in args.only.replace(",", "") if s in "abcdefgh"]
+    wanted = [s for s in args.only.replace(",", "") if s in "abcdefghk"]
     started, machine = time.time(), _machine()  # the load average before the run
     with _bench(seconds, repeat) as bench:
         for name in wanted:
@@ -665,7 +730,7 @@ def main() -> int:
         report = bench.report
     RESULTS.mkdir(exist_ok=True)
     bench_args = " ".join([*(["--quick"] if args.quick else []),
-                           *([f"--only {args.only}"] if wanted != list("abcdefgh") else [])])
+                           *([f"--only {args.only}"] if wanted != list("abcdefghk") else [])])
     command = "make bench" + (f" BENCH_ARGS='{bench_args}'" if bench_args else "")
     header = (f"# Benchmark results\n\nCommand: `{command}`  \nMachine: {machine}  \n"
               f"Run: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(started))}, "

@@ -154,7 +154,7 @@ def test_example_passes_gateway_check(path: Path, capsys: pytest.CaptureFixture[
     """Each example as a user would run it: its token variables set and its
     certificate files present (made here, as a user brings their own)."""
     text = path.read_text()
-    for variable in set(re.findall(r"\{env: ([A-Z_][A-Z0-9_]*)\}", text)):
+    for variable in set(re.findall(r"(?:\{env: |api_key_env: )([A-Z_][A-Z0-9_]*)", text)):
         monkeypatch.setenv(variable, f"example-{variable.lower()}")
     if "certs/" in text:
         path = _with_certificates(path, tmp_path)

@@ -99,9 +99,12 @@ def test_defaults_and_unknown_fields() -> None:
 
 
 def test_upstream_errors_read_as_kinds() -> None:
-    error = codec.decode_error(429, b'{"error": {"message": "slow down", "type": "rate_limit_error"}}', "llm")
+    from gateway.protocols.openai import upstream_codec
+
+    error = upstream_codec.decode_error(429, b'{"error": {"message": "slow down", "type": "rate_limit_error"}}',
+                                        "llm")
     assert error.kind.name == "UPSTREAM_OVERLOADED" and "slow down" in error.message and "llm" in error.message
-    assert codec.decode_error(500, b"not json", "llm").kind.name == "UPSTREAM_BAD_RESPONSE"
+    assert upstream_codec.decode_error(500, b"not json", "llm").kind.name == "UPSTREAM_BAD_RESPONSE"
 
 
 @pytest.mark.parametrize("pieces", [["ab", "c d", " e"], ["ab ", "", "  ", "cd e"], ["a", "b", "c d e "], ["abc d e"]])

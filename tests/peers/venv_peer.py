@@ -13,17 +13,19 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
-from support import REPO
+from support import REPO, wait_for
 
 PEERS_DIR = REPO / ".test-peers"
 INSTALL_TIMEOUT = 900.0
 
 
-def ensure_venv(package: str, version: str) -> Path:
-    """``.test-peers/<package>-venv`` with ``package==version`` installed:
-    made on first use, reused while its marker file names the same version."""
+def ensure_venv(package: str, version: str, extras: str = "") -> Path:
+    """``.test-peers/<package>-venv`` with ``package[extras]==version``
+    installed: made on first use, reused while its marker file names the same
+    version."""
     venv = PEERS_DIR / f"{package}-venv"
     marker = venv / f".installed-{package}-{version}"
     if marker.exists():
@@ -35,7 +37,7 @@ def ensure_venv(package: str, version: str) -> Path:
             shutil.rmtree(venv, ignore_errors=True)  # a half-made venv from an interrupted run
             _run([sys.executable, "-m", "venv", str(venv)], 120)
             _run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-                  f"{package}=={version}"], INSTALL_TIMEOUT)
+                  f"{package}{f'[{extras}]' if extras else ''}=={version}"], INSTALL_TIMEOUT)
             marker.write_text(version)
     return venv
 
@@ -55,6 +57,22 @@ def http_status(url: str) -> int:
         return exc.code
     except (urllib.error.URLError, OSError):
         return 0
+
+
+def wait_until_serving(proc: subprocess.Popen[bytes], probe_url: str, timeout: float, what: str,
+                       log: Callable[[], str]) -> None:
+    """Waits until ``probe_url`` answers 200; a peer that exits first, or
+    misses the time, is stopped and its log's end raised."""
+    def ready() -> bool:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode}:\n{log()[-5000:]}")
+        return http_status(probe_url) == 200
+
+    try:
+        wait_for(ready, timeout, f"{what} to serve", interval=0.25)
+    except BaseException:
+        stop_group(proc)
+        raise
 
 
 def stop_group(proc: subprocess.Popen[bytes] | None) -> None:

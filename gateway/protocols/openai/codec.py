@@ -15,7 +15,7 @@ import numpy as np
 import orjson
 
 from gateway.core.errors import ErrorKind, GatewayError
-from gateway.protocols.openai.errors import CODE_OF_KIND, STATUS_OF_KIND, TYPE_OF_STATUS, kind_of_upstream_status
+from gateway.protocols.openai.errors import CODE_OF_KIND, STATUS_OF_KIND, TYPE_OF_STATUS
 
 PROTOCOL = "openai"
 JSON_TYPE = "application/json"
@@ -330,19 +330,3 @@ def encode_error(error: GatewayError) -> tuple[int, bytes]:
 def encode_stream_error(error: GatewayError) -> bytes:
     """An error after a stream's first chunk: an event holding the error object."""
     return b"data: " + error_body(error, STATUS_OF_KIND[error.kind]) + b"\n\n"
-
-
-def decode_error(status: int, body: bytes | bytearray, upstream: str) -> GatewayError:
-    """An OpenAI server's error answer as the gateway's error (its kind from
-    the status, errors.py), its message kept and the upstream named."""
-    message = ""
-    try:
-        obj = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        obj = None
-    if isinstance(obj, dict):
-        error = obj.get("error")
-        detail = error.get("message") if isinstance(error, dict) else error
-        message = detail if isinstance(detail, str) else ""
-    return GatewayError(kind_of_upstream_status(status),
-                        f"upstream '{upstream}' answered {status}: {message or 'no error message'}")
