@@ -33,6 +33,7 @@ run: runtime
 test: setup
 	sh scripts/ensure-prometheus.sh
 	sh scripts/ensure-redis.sh
+	sh scripts/ensure-nginx.sh
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 # Regenerate gateway/protocols/v2_grpc/generated/ from protos/ (grpcio-tools

@@ -114,6 +114,17 @@ def test_sticky_split_is_stable_per_header_value() -> None:
     assert 60 < Counter(chosen.values())["a"] < 140  # both sides get users
 
 
+def test_a_split_sends_one_sequence_id_to_one_upstream_whatever_the_chance() -> None:
+    route = table("""
+  - match: {model: "*"}
+    split: [{upstream: a, weight: 50}, {upstream: b, weight: 50}]
+""").routes[0]
+    chosen = {f"i:{n}": {route.pick_upstream({}, random.Random(seed), f"i:{n}") for seed in range(8)}
+              for n in range(200)}
+    assert all(len(upstreams) == 1 for upstreams in chosen.values())
+    assert 60 < sum(1 for upstreams in chosen.values() if upstreams == {"a"}) < 140  # both sides get sequences
+
+
 def test_forward_headers_allowlist_and_always_forwarded() -> None:
     t = table("""
   - match: {model: "*"}

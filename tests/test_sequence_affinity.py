@@ -9,21 +9,23 @@ would land on the endpoint that never saw the sequence's START.
 
 from __future__ import annotations
 
-import subprocess
-import sys
+import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 
-import numpy as np
 import pytest
 import tritonclient.http as httpclient
+from sequence_steps import run_example_over, start_on_each, step, unhealthy_endpoints
 from tritonclient.utils import InferenceServerException
 
-from gateway.config.upstreams import SequenceAffinity
+from gateway.config.address import Address
+from gateway.config.upstreams import SequenceAffinity, UpstreamConfig
+from gateway.core.hashing import highest_random_weight
 from gateway.dataplane.affinity import SequencePins, sequence_step
-from support import Clock, GatewayProcess, scrape_metrics, wait_for, write_config
-
-EXAMPLES = Path(__file__).resolve().parent / "data" / "triton_examples"
+from gateway.dataplane.cluster.cluster import Cluster
+from gateway.observability.counters import Counters
+from peers.fake_upstream import FakeFleet
+from support import Clock, GatewayProcess, wait_for, write_config
 
 BACKEND = """
 admin: {address: "127.0.0.1:0"}
@@ -53,7 +55,7 @@ routes:
 """
 
 
-# --- the pin table ---------------------------------------------------------------------------------------
+# --- the pin table and the hash --------------------------------------------------------------------------
 
 def test_sequence_step_reads_triton_parameters() -> None:
     assert sequence_step({}) is None
@@ -80,6 +82,47 @@ def test_pins_refresh_expire_and_stay_bounded() -> None:
     assert pins.endpoint_of("a") is None and len(pins) == 2
     pins.unpin("c")
     assert pins.endpoint_of("c") is None and pins.endpoint_of("d") == "e1" and len(pins) == 1
+
+
+def test_rendezvous_agrees_in_any_order_and_moves_only_what_it_must() -> None:
+    names = [f"10.0.0.{i}:8000" for i in range(1, 6)]
+    keys = [f"i:{n}" for n in range(2000)]
+    winners = {key: names[highest_random_weight(key, names)] for key in keys}
+    assert all(names[::-1][highest_random_weight(key, names[::-1])] == winners[key] for key in keys)
+    counts = [sum(1 for w in winners.values() if w == name) for name in names]
+    assert min(counts) > 2000 / 5 * 0.8, counts  # an even spread
+    # one leaves: only its keys move, each to its second best
+    gone, rest = names[2], names[:2] + names[3:]
+    after = {key: rest[highest_random_weight(key, rest)] for key in keys}
+    assert all(after[key] == winners[key] for key in keys if winners[key] != gone)
+    # one joins: it takes about 1/6 of the keys, none move between the others
+    joined = [*names, "10.0.0.9:8000"]
+    grown = {key: joined[highest_random_weight(key, joined)] for key in keys}
+    moved = [key for key in keys if grown[key] != winners[key]]
+    assert all(grown[key] == joined[-1] for key in moved)
+    assert 2000 / 6 * 0.8 < len(moved) < 2000 / 6 * 1.2, len(moved)
+
+
+def test_a_cluster_sends_a_sequence_by_its_id_to_an_available_endpoint() -> None:
+    config = UpstreamConfig("u", "fake", tuple(Address("127.0.0.1", 9000 + i) for i in range(4)))
+    cluster = Cluster(config, None, Counters(), client_factory=FakeFleet(), clock=Clock(1000.0))
+    keys = [f"i:{n}" for n in range(400)]
+    home = {key: cluster.sequence_endpoint(key, set()) for key in keys}
+    assert len(set(home.values())) == 4
+    # another replica, its endpoints listed in another order, agrees
+    replica = Cluster(dataclasses.replace(config, endpoints=config.endpoints[::-1]), None, Counters(),
+                      client_factory=FakeFleet(), clock=Clock(1000.0))
+    assert all(replica.sequence_endpoint(key, set()).address == home[key].address for key in keys)
+    # an unavailable endpoint's sequences go to their second choice; the others stay
+    down = cluster.endpoints[1]
+    down.healthy = False
+    moved = {key: cluster.sequence_endpoint(key, set()) for key in keys}
+    assert all(moved[key] is home[key] for key in keys if home[key] is not down)
+    assert all(moved[key] is not down for key in keys)
+    # what a request tried is left out while others remain (a connect failure's retry)
+    first = cluster.sequence_endpoint(keys[0], set())
+    assert cluster.sequence_endpoint(keys[0], {first}) is not first
+    assert cluster.sequence_endpoint(keys[0], set(cluster.endpoints)) is first
 
 
 # --- through real upstreams ----------------------------------------------------------------------------------
@@ -110,26 +153,13 @@ def chain(tmp_path: Path) -> Iterator[tuple[GatewayProcess, list[GatewayProcess]
 def test_triton_sequence_examples_pass_over_two_endpoints(chain: tuple[GatewayProcess, list[GatewayProcess]],
                                                           example: str, listener: str, dyna: bool) -> None:
     front, backends = chain
-    args = [sys.executable, str(EXAMPLES / example), "-u", front.url(listener), *(["-d"] if dyna else [])]
-    result = subprocess.run(args, capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0 and "PASS" in result.stdout, result.stdout + result.stderr
-    served = [_sequence_requests(b) for b in backends]
+    served = run_example_over(example, front.url(listener), backends, *(["-d"] if dyna else []))
     assert all(count > 0 for count in served), served  # both endpoints held sequences
-
-
-def _sequence_requests(gateway: GatewayProcess) -> float:
-    return sum(value for name, labels, value in scrape_metrics(gateway)
-               if name == "gateway_requests_total" and "sequence" in labels.get("model", ""))
 
 
 def _step(client: httpclient.InferenceServerClient, sequence_id: int, value: int, *, start: bool = False,
           end: bool = False, upstream: str = "rest") -> int:
-    data = np.full((1, 1), value, dtype=np.int32)
-    item = httpclient.InferInput("INPUT", [1, 1], "INT32")
-    item.set_data_from_numpy(data)
-    result = client.infer("simple_string_dyna_sequence", [item], sequence_id=str(sequence_id),
-                          sequence_start=start, sequence_end=end, headers={"x-upstream": upstream})
-    return int(result.as_numpy("OUTPUT")[0, 0])
+    return step(client, sequence_id, value, start=start, end=end, headers={"x-upstream": upstream})
 
 
 @pytest.mark.parametrize("upstream", ["rest", "grpc"])
@@ -150,11 +180,11 @@ def test_running_sums_stay_whole_under_round_robin(chain: tuple[GatewayProcess, 
 def test_an_endpoint_that_goes_away_ends_its_sequences(chain: tuple[GatewayProcess, list[GatewayProcess]]) -> None:
     front, backends = chain
     with httpclient.InferenceServerClient(front.url("rest")) as client:
-        ids = range(101, 105)
-        for sequence_id in ids:
-            _step(client, sequence_id, 1, start=True)
+        held = start_on_each(client, backends, 2, 101)
+        ids = held[0] + held[1]
         backends[1].stop()
-        wait_for(lambda: _unhealthy_endpoints(front) == 1, 10, "the front to mark the stopped endpoint unhealthy")
+        wait_for(lambda: unhealthy_endpoints(front, "via-rest") == 1, 10,
+                 "the front to mark the stopped endpoint unhealthy")
         survived, ended = [], []
         for sequence_id in ids:
             try:
@@ -164,13 +194,8 @@ def test_an_endpoint_that_goes_away_ends_its_sequences(chain: tuple[GatewayProce
                 assert error.status() == "503", error
                 assert "sequence has ended" in error.message() and "127.0.0.1" not in error.message()
                 ended.append(sequence_id)
-        assert len(survived) == 2 and len(ended) == 2, (survived, ended)
+        assert survived == held[0] and ended == held[1], (held, survived, ended)
         for sequence_id in ended:  # ended means ended: without START it is refused, not silently moved
             with pytest.raises(InferenceServerException, match="START flag"):
                 _step(client, sequence_id, 1)
             assert _step(client, sequence_id, 5, start=True) == 5  # a new START goes to a live endpoint
-
-
-def _unhealthy_endpoints(front: GatewayProcess) -> int:
-    return sum(1 for name, labels, value in scrape_metrics(front)
-               if name == "gateway_endpoint_healthy" and labels.get("upstream") == "via-rest" and value == 0)

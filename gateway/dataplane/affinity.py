@@ -2,13 +2,15 @@
 
 A stateful model keeps a sequence's state on the endpoint that served its
 START request, so later requests must go there too, whatever the load
-balancer would pick. A consistent hash would move sequences whenever the
-endpoint set or weights change; a table of pins does not. A pin is made when
-a sequence's first request is answered, refreshed by every later one, and
-dropped by the END request, by idleness, or when its endpoint leaves (the
-sequence then ends with a clear error rather than moving: the new endpoint
-would not have its state).
-"""
+balancer would pick, and whichever gateway replica or worker they reach.
+The endpoint is a function of the sequence's id and the available endpoints
+(rendezvous hashing, Cluster.sequence_endpoint), so replicas agree without
+sharing state. Each process also keeps a table of the sequences it served:
+a pin is made when a request is answered, refreshed by every later one, and
+dropped by the END request or by idleness. It holds a running sequence on
+its endpoint when an endpoint joins (the hash would move some), and ends it
+with a clear error when its endpoint leaves, rather than moving it: the new
+endpoint would not have its state."""
 
 from __future__ import annotations
 

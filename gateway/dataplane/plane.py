@@ -292,7 +292,10 @@ class DataPlane:
             attempt += 1
             try:
                 waiting = time.monotonic()
-                lease = await cluster.acquire(key, tried, pinned, priority)
+                target = pinned
+                if target is None and sequence is not None:  # no pin in this process: the id decides
+                    target = cluster.sequence_endpoint(sequence.key, tried)
+                lease = await cluster.acquire(key, tried, target, priority)
                 ctx.record.queue_seconds += time.monotonic() - waiting
                 tried.add(lease.endpoint)
                 record = UpstreamAttempt(cluster.name, lease.endpoint.address, time.monotonic())
@@ -350,12 +353,13 @@ class DataPlane:
                 raise
 
     def _sequence_upstream(self, route: Route, ctx: RequestContext, sequence: SequenceStep) -> str:
-        """The upstream of a sequence on a split route: the one its START
-        went to, whatever the weights say now."""
+        """The upstream of a sequence on a split route: by its id's hash, so
+        every replica agrees; once pinned, the one its START went to,
+        whatever the weights say now."""
         key = f"{route.name}|{sequence.key}"
         upstream = None if sequence.start else self._sequence_upstreams.endpoint_of(key)
         if upstream is None or upstream not in route.upstreams:
-            upstream = route.pick_upstream(ctx.headers, self._rng)
+            upstream = route.pick_upstream(ctx.headers, self._rng, sequence.key)
         if sequence.end:
             self._sequence_upstreams.unpin(key)
         else:
@@ -683,10 +687,11 @@ async def _close_filter(step: Filter) -> None:
 
 
 def _sequence_endpoint(cluster: Cluster, sequence: SequenceStep) -> Endpoint | None:
-    """Where a sequence's request must go: None for a START (or a sequence
-    the gateway has not seen: the balancer picks); its pinned endpoint while
-    that endpoint serves; an error once it does not (the state is lost with
-    it, so the sequence ends here instead of moving)."""
+    """Where this process's pin sends a sequence's request: None for a START
+    or a sequence it holds no pin for (its id then decides:
+    Cluster.sequence_endpoint); the pinned endpoint while that serves; an
+    error once it does not (the state is lost with it, so the sequence ends
+    here instead of moving)."""
     if sequence.start:
         return None
     address = cluster.pins.endpoint_of(sequence.key)

@@ -84,13 +84,14 @@ class Route:
         """Every upstream this route can send a request to (mirrors excluded)."""
         return tuple(name for _, name in self._split) if self.config.split else (self.config.upstream,)
 
-    def pick_upstream(self, headers: Mapping[str, str], rng: random.Random) -> str:
-        """The target of one request: weighted by chance, or by the sticky
-        header's hash so one value always lands on the same upstream."""
+    def pick_upstream(self, headers: Mapping[str, str], rng: random.Random, key: str | None = None) -> str:
+        """The target of one request: weighted by chance, or by the hash of
+        ``key`` (a sequence's id) or else of the sticky header's value, so
+        one value always lands on the same upstream."""
         if not self.config.split:
             return self.config.upstream
         sticky = self.config.sticky_header
-        value = headers.get(sticky) if sticky else None
+        value = key if key is not None else headers.get(sticky) if sticky else None
         point = stable_hash(value) % 100 if value is not None else rng.randrange(100)
         for bound, upstream in self._split:
             if point < bound:

@@ -31,6 +31,7 @@ from gateway.config.address import Address
 from gateway.config.upstreams import UpstreamConfig
 from gateway.core.contracts import Backend
 from gateway.core.errors import ErrorKind, GatewayError
+from gateway.core.hashing import highest_random_weight
 from gateway.dataplane.affinity import SequencePins
 from gateway.dataplane.cluster.balancing import picker
 from gateway.dataplane.cluster.discovery import NameWatch, is_name
@@ -426,6 +427,21 @@ class Cluster:
             if endpoint.address == address:
                 return endpoint if endpoint.available(now) else None
         return None
+
+    def sequence_endpoint(self, key: str, exclude: set[Endpoint]) -> Endpoint:
+        """The endpoint of the sequence ``key`` where no pin decides: a
+        function of the key and the available endpoints (rendezvous hashing),
+        so every replica and worker with the same view picks the same one
+        without sharing state. Endpoints this request tried are left out
+        while others remain (the one other replicas pick once it is gone)."""
+        endpoints = self.endpoints
+        if len(endpoints) == 1:
+            return endpoints[0]
+        now = self._clock()
+        self._outliers.readmit_expired(now)
+        pool = [e for e in endpoints if e.available(now)] or endpoints
+        fresh = [e for e in pool if e not in exclude] or pool
+        return fresh[highest_random_weight(key, [e.address for e in fresh])]
 
     # --- retry budget -----------------------------------------------------------
 
