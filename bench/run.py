@@ -565,11 +565,13 @@ class Bench:
         self.report.add_table(
             f"i: one gateway process per arm in front of a C upstream, concurrency 16, {rounds} x "
             f"{max(1, round(self.seconds / rounds))} s per arm (arms taking turns)",
-            ["arm", "requests/s", "CPU us/request", "added vs no policy", "p50 / p99 ms"],
+            ["arm", "requests/s", "CPU us/request", "added vs no policy", "p50 / p99 ms", "relayed verbatim"],
             [[name, f"{requests[name] / sum(r.requests / r.requests_per_second for r in runs[name]):,.0f}",
               f"{cpu_us[name]:.1f}", f"{added[name]:+.1f}",
               f"{statistics.median(r.p50_ms for r in runs[name]):.2f} / "
-              f"{statistics.median(r.p99_ms for r in runs[name]):.2f}"] for name in arms])
+              f"{statistics.median(r.p99_ms for r in runs[name]):.2f}",
+              f"{min(1.0, _verbatim_passthroughs(admin) / requests[name]):.0%}"]  # warm-up ones counted too
+             for name, (_, _, admin) in arms.items()])
 
     def _cache_hit_latency(self, hit_url: str, body: bytes, rounds: int) -> None:
         """p50 at concurrency 1: a cache hit against the same request through
