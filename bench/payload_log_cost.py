@@ -39,7 +39,7 @@ def _call(n: int) -> tuple[FilterCall, InferResponse]:
     return FilterCall(request, ctx, _Route(), INFER), response
 
 
-async def _measure(options: PayloadLogOptions, requests: int, full: bool) -> float:
+async def request_path_cost(options: PayloadLogOptions, requests: int, full: bool) -> float:
     services = GatewayServices(GatewayConfig.__new__(GatewayConfig), ServerIdentity())
     step = PayloadLogFilter("audit", options, services)
     step.sink._senders = [asyncio.get_running_loop().create_task(asyncio.sleep(3600))]  # held back
@@ -64,10 +64,10 @@ async def main() -> None:
     parser.add_argument("--requests", type=int, default=20000)
     args = parser.parse_args()
     base = PayloadLogOptions("http://127.0.0.1:9/")
-    print(f"queued both events: {await _measure(base, args.requests, False):.1f} µs CPU per request")
-    print(f"queue full (dropped): {await _measure(base, args.requests, True):.1f} µs CPU per request")
+    print(f"queued both events: {await request_path_cost(base, args.requests, False):.1f} µs CPU per request")
+    print(f"queue full (dropped): {await request_path_cost(base, args.requests, True):.1f} µs CPU per request")
     sampled_out = PayloadLogOptions("http://127.0.0.1:9/", sample=0.0)
-    print(f"sampled out: {await _measure(sampled_out, args.requests, False):.1f} µs CPU per request")
+    print(f"sampled out: {await request_path_cost(sampled_out, args.requests, False):.1f} µs CPU per request")
 
 
 if __name__ == "__main__":

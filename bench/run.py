@@ -17,11 +17,16 @@ Scenarios (issue #8):
      ``return 200``), in front of it the gateway (one process, V2 REST pass-through; access log on, as by
      default, and off) and nginx (one worker, keep-alive pool), and direct as the floor: requests/s at
      concurrency 16 and CPU us per request of each proxy's whole process tree (/proc), the rows taking turns
+  i  traffic policy (issue 27), h's C upstream and CPU measure: what each policy adds to a gateway's CPU per
+     request (wrk c16, one gateway process per arm, the arms taking turns): no policy (two processes, whose
+     spread is the run's noise), policies defined but on another route, a local rate_limit that never refuses,
+     a payload_log to a sink (another nginx answering 204), response_cache hits; the payload log's request path
+     alone in process; and a cache hit's p50 at concurrency 1 against the same request through to MLServer
   k  a chat completion through the gateway's ``openai`` upstream vs LiteLLM's proxy direct (its own venv, the
      test suite's deterministic provider): Triton's generate (V2 REST) and, when the ``openai`` listener is
      there, OpenAI's chat API through the gateway; p50 and the gateway's CPU per request
 
-Targets are issue 16's and 18's (docs/performance.md has the table and what bounds each).
+Targets are issue 16's, 18's and 27's (docs/performance.md has the table and what bounds each).
 The machine is small and shared: only ratios measured within one run count.
 """
 
@@ -52,6 +57,7 @@ sys.path.insert(0, str(BENCH))
 from harness import LoadResult, Process, Report, Row, interleaved, median_ms, nginx_config, timed, wait_port, wrk  # noqa: E402
 
 RESULTS = BENCH / "results"
+ALL_SCENARIOS = "abcdefghik"  # each a Bench.scenario_<letter>, run in this order
 
 
 class Bench:
@@ -527,6 +533,112 @@ class Bench:
               f"{cpu_us[name] / nginx_cpu:.2f}" if name in cpu_us else "-", f"{rps[name] / nginx_rps:.2f}",
               f"{upstream_us[name]:.1f}", f"{p50[name]:.2f} / {p99[name]:.2f}"] for name in arms])
 
+    def scenario_i(self) -> None:
+        """Traffic policy (issue 27): the CPU each policy adds per request to
+        one gateway process in front of h's C upstream (wrk c16, the arms
+        taking turns over rounds), and a cache hit's p50 at concurrency 1
+        against the same request through the gateway to MLServer."""
+        up_port, sink_port = _free_port(), _free_port()
+        self._nginx("i-upstream", up_port, _c_upstream_server(up_port))
+        self._nginx("i-sink", sink_port, _event_sink_server(sink_port))
+        address = f"127.0.0.1:{up_port}"
+        # Two identical no-policy processes: their disagreement is what this run cannot resolve.
+        arms_config = {
+            NO_POLICY: _policy_config(address, sink_port, policies="", elsewhere=False),
+            NO_POLICY_AGAIN: _policy_config(address, sink_port, policies="", elsewhere=False),
+            "policies on another route": _policy_config(address, sink_port, policies="", elsewhere=True),
+            "rate_limit local": _policy_config(address, sink_port, policies="limit", elsewhere=False),
+            "payload_log": _policy_config(address, sink_port, policies="audit", elsewhere=False),
+            "response_cache hit": _policy_config(address, sink_port, policies="cache", elsewhere=False),
+        }
+        path = "/v2/models/simple/infer"
+        arms: dict[str, tuple[str, Process, int]] = {}
+        for i, (name, config) in enumerate(arms_config.items()):
+            proc, ports = self.gateway(f"i{i}", config)
+            arms[name] = (f"http://127.0.0.1:{ports['rest']}{path}", proc, ports["admin"])
+        body = _simple_json()
+        for name, (url, _, _) in arms.items():  # simple's answer; warm connections, the cache, the sink's
+            _expect_answer(name, url, body, _SIMPLE_ANSWER)
+            wrk(url, body, 16, 1.0, threads=2)
+        rounds = 4
+        runs: dict[str, list[LoadResult]] = {name: [] for name in arms}
+        cpu: dict[str, list[float]] = {name: [] for name in arms}  # seconds, per round
+        for name in _in_turns(list(arms), rounds):
+            url, proc, _ = arms[name]
+            before = proc.tree_cpu_seconds()
+            runs[name].append(wrk(url, body, 16, self.seconds / rounds, threads=2))
+            cpu[name].append(proc.tree_cpu_seconds() - before)
+        _check_errors({f"{name} #{r}": result for name, rs in runs.items() for r, result in enumerate(rs)})
+        requests = {name: sum(r.requests for r in rs) for name, rs in runs.items()}
+        cpu_us = {name: sum(cpu[name]) * 1e6 / requests[name] for name in arms}
+        per_round = {name: [c * 1e6 / r.requests for c, r in zip(cpu[name], runs[name], strict=True)]
+                     for name in (NO_POLICY, NO_POLICY_AGAIN)}
+        noise = max(abs(a - b) for a, b in zip(per_round[NO_POLICY], per_round[NO_POLICY_AGAIN], strict=True))
+        base = (cpu_us[NO_POLICY] + cpu_us[NO_POLICY_AGAIN]) / 2
+        added = {name: cpu_us[name] - base for name in arms}
+        counts = {result: _metric_total(arms["payload_log"][2], "gateway_payload_log_total", f'result="{result}"')
+                  for result in ("sent", "dropped", "failed")}
+        hits = _metric_total(arms["response_cache hit"][2], "gateway_cache_requests_total", 'result="hit"')
+        if counts["sent"] <= 0 or hits < requests["response_cache hit"]:
+            raise RuntimeError(f"policies did not run: {counts['sent']:g} events sent, {hits:g} cache hits "
+                               f"for {requests['response_cache hit']} requests")
+        noise_note = (f"no policy {base:.1f} us; noise: two no-policy processes differ by up to {noise:.1f} us "
+                      f"per request in one round")
+        self.report.add(Row("i", "gateway CPU per request, concurrency 16, C upstream", cpu_us, unit="us",
+                            note=f"{rounds} rounds, arms taking turns, access log off"))
+        elsewhere = added["policies on another route"]
+        self.report.add(Row("i", "route without policies, policies on another route: added CPU per request",
+                            {"added": elsewhere, "noise": noise}, elsewhere, "within +-noise (not measurable)",
+                            abs(elsewhere) <= noise, unit="us", note=noise_note))
+        limit, alone = added["rate_limit local"], _rate_limit_chain_us(100_000 if self.repeat > 8 else 20_000)
+        # Judged on the filter and its chain in process (end to end, a few us are below the run's noise),
+        # provided the end-to-end figure does not contradict it beyond that noise.
+        self.report.add(Row("i", "rate_limit (local, key client_ip, never refusing): added CPU per request",
+                            {"the filter in its chain, in process": alone, "end to end (whole process)": limit},
+                            alone, "<= 10 us", alone <= 10 and limit <= 10 + noise, unit="us", note=noise_note))
+        path_us = _payload_log_request_path_us(20_000 if self.repeat > 8 else 5_000)
+        whole = added["payload_log"]
+        per_event = (whole - path_us) / 2
+        self.report.add(Row("i", "payload_log (both events, to a sink answering 204): added CPU per request",
+                            {"request path (the filter in process)": path_us,
+                             "whole process (request path and sending)": whole},
+                            path_us, "<= 20 us on the request path", path_us <= 20, unit="us",
+                            note=f"sending ~{per_event:.0f} us per event, off the request path; events "
+                                 + ", ".join(f"{k} {v:g}" for k, v in counts.items())))
+        self.report.add(Row("i", "response_cache hit: added CPU per request (the upstream call saved)",
+                            {"added": added["response_cache hit"]}, unit="us", note=noise_note))
+        self._cache_hit_latency(arms["response_cache hit"][0], body, rounds=2)
+        self.report.add_table(
+            f"i: one gateway process per arm in front of a C upstream, concurrency 16, {rounds} x "
+            f"{max(1, round(self.seconds / rounds))} s per arm (arms taking turns)",
+            ["arm", "requests/s", "CPU us/request", "added vs no policy", "p50 / p99 ms", "relayed verbatim"],
+            [[name, f"{requests[name] / sum(r.requests / r.requests_per_second for r in runs[name]):,.0f}",
+              f"{cpu_us[name]:.1f}", f"{added[name]:+.1f}",
+              f"{statistics.median(r.p50_ms for r in runs[name]):.2f} / "
+              f"{statistics.median(r.p99_ms for r in runs[name]):.2f}",
+              f"{min(1.0, _verbatim_passthroughs(admin) / requests[name]):.0%}"]  # warm-up ones counted too
+             for name, (_, _, admin) in arms.items()])
+
+    def _cache_hit_latency(self, hit_url: str, body: bytes, rounds: int) -> None:
+        """p50 at concurrency 1: a cache hit against the same request through
+        a gateway without policies to MLServer (and MLServer direct)."""
+        ml = self.mlserver
+        _, through = self.gateway("i-mlserver", _proxy_config(f"v2-rest, endpoints: ['{ml.rest_address}'], "
+                                                              "binary: never"))
+        urls = {"cache hit": hit_url,
+                "through the gateway to MLServer": f"http://127.0.0.1:{through['rest']}/v2/models/simple/infer",
+                "MLServer direct": f"http://{ml.rest_address}/v2/models/simple/infer"}
+        for url in urls.values():
+            wrk(url, body, 1, 1.0)
+        runs: dict[str, list[LoadResult]] = {name: [] for name in urls}
+        for name in _in_turns(list(urls), rounds):
+            runs[name].append(wrk(urls[name], body, 1, self.seconds / rounds))
+        _check_errors({f"{name} #{r}": result for name, rs in runs.items() for r, result in enumerate(rs)})
+        p50 = {name: statistics.median(r.p50_ms for r in rs) for name, rs in runs.items()}
+        ratio = p50["through the gateway to MLServer"] / p50["cache hit"]
+        self.report.add(Row("i", "response_cache hit vs the same request through to MLServer, p50, concurrency 1",
+                            p50, ratio, "through/hit >= 2", ratio >= 2, unit="ms"))
+
 
 # --- configs and bodies ------------------------------------------------------
 
@@ -608,6 +720,37 @@ routes:
     return config if access_log else config + "observability: {access_log: {enabled: false}}\n"
 
 
+def _in_turns(names: list[str], rounds: int) -> Iterator[str]:
+    """``names`` once per round, each round starting one later, so load
+    from elsewhere falls on every arm alike."""
+    for r in range(rounds):
+        yield from names[r % len(names):] + names[:r % len(names)]
+
+
+NO_POLICY, NO_POLICY_AGAIN = "no policy", "no policy, second process"
+HUGE = 10**9  # a rate limit's tokens: checked on every request, never reached
+
+
+def _policy_config(address: str, sink_port: int, policies: str, elsewhere: bool) -> str:
+    """Scenario h's gateway, its access log off (the same cost in every arm,
+    its writer thread only noise); ``policies``: what the simple route
+    lists; ``elsewhere``: a second route listing all three policies, which
+    simple's requests never reach (routes match in order)."""
+    config = _c_upstream_config(address, access_log=True)  # ends with simple's route
+    if policies:
+        config += f"    policies: [{policies}]\n"
+    if elsewhere:
+        config += "  - {match: {model: other}, upstream: c, policies: [limit, cache, audit]}\n"
+    config += "observability: {access_log: {enabled: false}}\n"
+    if not (policies or elsewhere):
+        return config
+    return config + f"""policies:
+  - {{name: limit, rate_limit: {{requests_per_second: {HUGE}, burst: {HUGE}, key: client_ip, scope: local}}}}
+  - {{name: cache, response_cache: {{ttl: 600s, max_bytes: 16MiB}}}}
+  - {{name: audit, payload_log: {{url: "http://127.0.0.1:{sink_port}/events"}}}}
+"""
+
+
 # What the builtin simple model answers to _simple_json (OUTPUT0 = sum, OUTPUT1 = difference).
 _SIMPLE_ANSWER = {"model_name": "simple", "model_version": "1", "outputs": [
     {"name": "OUTPUT0", "datatype": "INT32", "shape": [1, 16], "data": [2 * i for i in range(16)]},
@@ -660,10 +803,46 @@ routes:
 
 def _verbatim_passthroughs(admin_port: int) -> float:
     """The gateway's count of V2 REST requests relayed verbatim (its metrics)."""
+    return _metric_total(admin_port, "gateway_passthrough_requests_total", 'mode="verbatim"')
+
+
+def _metric_total(admin_port: int, name: str, label: str) -> float:
+    """The sum of a gateway's ``name`` samples whose labels hold ``label``."""
     with urllib.request.urlopen(f"http://127.0.0.1:{admin_port}/metrics", timeout=10) as reply:
         text = reply.read().decode()
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("gateway_passthrough_requests_total{") and 'mode="verbatim"' in line)
+               if line.startswith(name + "{") and label in line)
+
+
+def _event_sink_server(port: int) -> str:
+    """An nginx server block that takes CloudEvents and answers 204."""
+    return f"""
+  server {{
+    listen 127.0.0.1:{port};
+    keepalive_requests 1000000;
+    location = /events {{ return 204; }}
+  }}"""
+
+
+def _payload_log_request_path_us(requests: int) -> float:
+    """CPU us per request of the payload_log filter on a request's path
+    (both events written and queued, the senders held back), in this
+    process, the best of three: bench/payload_log_cost.py's measure."""
+    import asyncio
+
+    from payload_log_cost import PayloadLogOptions, request_path_cost
+
+    options = PayloadLogOptions("http://127.0.0.1:9/")
+    return min(asyncio.run(request_path_cost(options, requests, full=False)) for _ in range(3))
+
+
+def _rate_limit_chain_us(calls: int) -> float:
+    """CPU us per request that a route's chain of one local rate_limit (key
+    client_ip, never refusing) adds around the upstream call, in this
+    process: bench/rate_limit_cost.py's measure."""
+    from rate_limit_cost import filter_cost
+
+    return filter_cost(calls)["key: ['client_ip'], its chain around the upstream call"]
 
 
 def _expect_answer(name: str, url: str, body: bytes, answer: Any) -> None:
@@ -714,11 +893,11 @@ def _bench(seconds: float, repeat: int) -> Iterator[Bench]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", default="abcdefghk", help="scenarios to run, e.g. 'a,c' (default: all)")
+    parser.add_argument("--only", default=ALL_SCENARIOS, help="scenarios to run, e.g. 'a,c' (default: all)")
     parser.add_argument("--quick", action="store_true", help="short runs (smoke test of the suite)")
     args = parser.parse_args()
     seconds, repeat = (2.0, 8) if args.quick else (8.0, 20)
-    wanted = [s for s in args.only.replace(",", "") if s in "abcdefghk"]
+    wanted = [s for s in args.only.replace(",", "") if s in ALL_SCENARIOS]
     started, machine = time.time(), _machine()  # the load average before the run
     with _bench(seconds, repeat) as bench:
         for name in wanted:
@@ -730,7 +909,7 @@ def main() -> int:
         report = bench.report
     RESULTS.mkdir(exist_ok=True)
     bench_args = " ".join([*(["--quick"] if args.quick else []),
-                           *([f"--only {args.only}"] if wanted != list("abcdefghk") else [])])
+                           *([f"--only {args.only}"] if wanted != list(ALL_SCENARIOS) else [])])
     command = "make bench" + (f" BENCH_ARGS='{bench_args}'" if bench_args else "")
     header = (f"# Benchmark results\n\nCommand: `{command}`  \nMachine: {machine}  \n"
               f"Run: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(started))}, "
