@@ -17,6 +17,9 @@ Scenarios (issue #8):
      ``return 200``), in front of it the gateway (one process, V2 REST pass-through; access log on, as by
      default, and off) and nginx (one worker, keep-alive pool), and direct as the floor: requests/s at
      concurrency 16 and CPU us per request of each proxy's whole process tree (/proc), the rows taking turns
+  j  saturation (issue 28): the overhead p50 of the gateway's own gateway_overhead_seconds beside its CPU us per
+     request in the same wrk run (h's C upstream, concurrency 1 and 16); load_aware vs least_request p99 with
+     one of two MLServers loaded directly (tests/test_load_aware.py's set-up)
 
 Targets are issue 16's and 18's (docs/performance.md has the table and what bounds each).
 The machine is small and shared: only ratios measured within one run count.
@@ -481,6 +484,51 @@ class Bench:
               f"{upstream_us[name]:.1f}", f"{p50[name]:.2f} / {p99[name]:.2f}"] for name in arms])
 
 
+    def scenario_j(self) -> None:
+        """Saturation: what the gateway says its own overhead is (the p50 of
+        its gateway_overhead_seconds over one wrk run) beside what the same
+        run measured it spend (CPU of its process tree per request), in
+        front of h's C upstream at concurrency 1 and 16; then load_aware
+        against least_request at one offered load, one of two MLServers
+        loaded by direct callers the gateway does not see."""
+        from saturation import OVERHEAD, load_aware_against_least_request, scrape_histogram
+
+        up_port = _free_port()
+        self._nginx("j-upstream", up_port, _c_upstream_server(up_port))
+        gw_proc, gw = self.gateway("j", _c_upstream_config(f"127.0.0.1:{up_port}", access_log=True))
+        url, body = f"http://127.0.0.1:{gw['rest']}/v2/models/simple/infer", _simple_json()
+        _expect_answer("gateway", url, body, _SIMPLE_ANSWER)
+        wrk(url, body, 16, 1.0, threads=2)  # warm connections and first requests
+        measured: dict[int, dict[str, float]] = {}
+        for connections in (1, 16):
+            before, cpu_before = scrape_histogram(gw["admin"], OVERHEAD, operation="infer"), gw_proc.tree_cpu_seconds()
+            run = wrk(url, body, connections, self.seconds, threads=min(2, connections))
+            cpu = gw_proc.tree_cpu_seconds() - cpu_before
+            _check_errors({f"concurrency {connections}": run})
+            seen = scrape_histogram(gw["admin"], OVERHEAD, operation="infer") - before
+            measured[connections] = {"rps": run.requests_per_second, "cpu": cpu * 1e6 / run.requests,
+                                     "p50": seen.quantile(0.5) * 1e6, "mean": seen.sum / seen.count * 1e6,
+                                     "latency": run.p50_ms}
+        one = measured[1]
+        self.report.add(Row("j", "gateway overhead p50 (its own histogram) vs its CPU per request, concurrency 1",
+                            {"overhead p50": one["p50"], "CPU per request": one["cpu"]}, one["p50"] / one["cpu"],
+                            "overhead p50 <= CPU per request", one["p50"] <= one["cpu"], unit="us",
+                            note="C upstream, one gateway process, access log on"))
+        self.report.add_table(
+            "j: the gateway's overhead histogram beside its CPU, C upstream, one wrk run per row",
+            ["concurrency", "requests/s", "CPU us/request", "overhead p50 us", "overhead mean us", "p50 ms"],
+            [[str(c), f"{m['rps']:,.0f}", f"{m['cpu']:.1f}", f"{m['p50']:.1f}", f"{m['mean']:.1f}",
+              f"{m['latency']:.2f}"] for c, m in measured.items()])
+        workdir = self.workdir / "j-load-aware"
+        workdir.mkdir()
+        p99 = load_aware_against_least_request(workdir)
+        ratio = p99["least_request"] / p99["load_aware"]
+        self.report.add(Row("j", "p99 at 30 req/s, endpoint A loaded directly (two MLServers, 20 ms model)",
+                            {"load_aware": p99["load_aware"], "least_request": p99["least_request"]}, ratio,
+                            "least_request / load_aware >= 2", ratio >= 2, unit="ms",
+                            note=f"load_aware sent {p99['to_b']:.0%} of its calls to B"))
+
+
 # --- configs and bodies ------------------------------------------------------
 
 
@@ -649,11 +697,11 @@ def _bench(seconds: float, repeat: int) -> Iterator[Bench]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", default="abcdefgh", help="scenarios to run, e.g. 'a,c' (default: all)")
+    parser.add_argument("--only", default="abcdefghj", help="scenarios to run, e.g. 'a,c' (default: all)")
     parser.add_argument("--quick", action="store_true", help="short runs (smoke test of the suite)")
     args = parser.parse_args()
     seconds, repeat = (2.0, 8) if args.quick else (8.0, 20)
-    wanted = [s for s in args.only.replace(",", "") if s in "abcdefgh"]
+    wanted = [s for s in args.only.replace(",", "") if s in "abcdefghj"]
     started, machine = time.time(), _machine()  # the load average before the run
     with _bench(seconds, repeat) as bench:
         for name in wanted:
@@ -665,7 +713,7 @@ def main() -> int:
         report = bench.report
     RESULTS.mkdir(exist_ok=True)
     bench_args = " ".join([*(["--quick"] if args.quick else []),
-                           *([f"--only {args.only}"] if wanted != list("abcdefgh") else [])])
+                           *([f"--only {args.only}"] if wanted != list("abcdefghj") else [])])
     command = "make bench" + (f" BENCH_ARGS='{bench_args}'" if bench_args else "")
     header = (f"# Benchmark results\n\nCommand: `{command}`  \nMachine: {machine}  \n"
               f"Run: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(started))}, "
