@@ -22,11 +22,14 @@ Scenarios (issue #8):
      spread is the run's noise), policies defined but on another route, a local rate_limit that never refuses,
      a payload_log to a sink (another nginx answering 204), response_cache hits; the payload log's request path
      alone in process; and a cache hit's p50 at concurrency 1 against the same request through to MLServer
+  j  saturation (issue 28): the overhead p50 of the gateway's own gateway_overhead_seconds beside its CPU us per
+     request in the same wrk run (h's C upstream, concurrency 1 and 16); load_aware vs least_request p99 with
+     one of two MLServers loaded directly (tests/test_load_aware.py's set-up)
   k  a chat completion through the gateway's ``openai`` upstream vs LiteLLM's proxy direct (its own venv, the
      test suite's deterministic provider): Triton's generate (V2 REST) and, when the ``openai`` listener is
      there, OpenAI's chat API through the gateway; p50 and the gateway's CPU per request
 
-Targets are issue 16's, 18's and 27's (docs/performance.md has the table and what bounds each).
+Targets are issue 16's, 18's, 27's and 28's (docs/performance.md has the table and what bounds each).
 The machine is small and shared: only ratios measured within one run count.
 """
 
@@ -57,7 +60,7 @@ sys.path.insert(0, str(BENCH))
 from harness import LoadResult, Process, Report, Row, interleaved, median_ms, nginx_config, timed, wait_port, wrk  # noqa: E402
 
 RESULTS = BENCH / "results"
-ALL_SCENARIOS = "abcdefghik"  # each a Bench.scenario_<letter>, run in this order
+ALL_SCENARIOS = "abcdefghijk"  # each a Bench.scenario_<letter>, run in this order
 
 
 class Bench:
@@ -638,6 +641,51 @@ class Bench:
         ratio = p50["through the gateway to MLServer"] / p50["cache hit"]
         self.report.add(Row("i", "response_cache hit vs the same request through to MLServer, p50, concurrency 1",
                             p50, ratio, "through/hit >= 2", ratio >= 2, unit="ms"))
+
+
+    def scenario_j(self) -> None:
+        """Saturation: what the gateway says its own overhead is (the p50 of
+        its gateway_overhead_seconds over one wrk run) beside what the same
+        run measured it spend (CPU of its process tree per request), in
+        front of h's C upstream at concurrency 1 and 16; then load_aware
+        against least_request at one offered load, one of two MLServers
+        loaded by direct callers the gateway does not see."""
+        from saturation import OVERHEAD, load_aware_against_least_request, scrape_histogram
+
+        up_port = _free_port()
+        self._nginx("j-upstream", up_port, _c_upstream_server(up_port))
+        gw_proc, gw = self.gateway("j", _c_upstream_config(f"127.0.0.1:{up_port}", access_log=True))
+        url, body = f"http://127.0.0.1:{gw['rest']}/v2/models/simple/infer", _simple_json()
+        _expect_answer("gateway", url, body, _SIMPLE_ANSWER)
+        wrk(url, body, 16, 1.0, threads=2)  # warm connections and first requests
+        measured: dict[int, dict[str, float]] = {}
+        for connections in (1, 16):
+            before, cpu_before = scrape_histogram(gw["admin"], OVERHEAD, operation="infer"), gw_proc.tree_cpu_seconds()
+            run = wrk(url, body, connections, self.seconds, threads=min(2, connections))
+            cpu = gw_proc.tree_cpu_seconds() - cpu_before
+            _check_errors({f"concurrency {connections}": run})
+            seen = scrape_histogram(gw["admin"], OVERHEAD, operation="infer") - before
+            measured[connections] = {"rps": run.requests_per_second, "cpu": cpu * 1e6 / run.requests,
+                                     "p50": seen.quantile(0.5) * 1e6, "mean": seen.sum / seen.count * 1e6,
+                                     "latency": run.p50_ms}
+        one = measured[1]
+        self.report.add(Row("j", "gateway overhead p50 (its own histogram) vs its CPU per request, concurrency 1",
+                            {"overhead p50": one["p50"], "CPU per request": one["cpu"]}, one["p50"] / one["cpu"],
+                            "overhead p50 <= CPU per request", one["p50"] <= one["cpu"], unit="us",
+                            note="C upstream, one gateway process, access log on"))
+        self.report.add_table(
+            "j: the gateway's overhead histogram beside its CPU, C upstream, one wrk run per row",
+            ["concurrency", "requests/s", "CPU us/request", "overhead p50 us", "overhead mean us", "p50 ms"],
+            [[str(c), f"{m['rps']:,.0f}", f"{m['cpu']:.1f}", f"{m['p50']:.1f}", f"{m['mean']:.1f}",
+              f"{m['latency']:.2f}"] for c, m in measured.items()])
+        workdir = self.workdir / "j-load-aware"
+        workdir.mkdir()
+        p99 = load_aware_against_least_request(workdir)
+        ratio = p99["least_request"] / p99["load_aware"]
+        self.report.add(Row("j", "p99 at 30 req/s, endpoint A loaded directly (two MLServers, 20 ms model)",
+                            {"load_aware": p99["load_aware"], "least_request": p99["least_request"]}, ratio,
+                            "least_request / load_aware >= 2", ratio >= 2, unit="ms",
+                            note=f"load_aware sent {p99['to_b']:.0%} of its calls to B"))
 
 
 # --- configs and bodies ------------------------------------------------------

@@ -81,12 +81,22 @@ def blind_metrics() -> Iterator[int]:
         server.server_close()
 
 
-@pytest.fixture(scope="module")
-def gateway(servers: tuple[MLServerPeer, MLServerPeer], blind_metrics: int,
-            tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
-    a, b = servers
+def gateway_config(a: MLServerPeer, b: MLServerPeer, blind_metrics: int) -> str:
+    """Upstreams ``aware`` (load_aware), ``least`` (least_request) and, when
+    ``blind_metrics`` is a port, ``blind`` (load_aware reading its loads
+    there), each over A and B; models ``via_<upstream>`` route to them."""
     endpoints = f'["{a.rest_address}", "{b.rest_address}"]'
-    config = f"""
+    blind = f"""
+  - name: blind
+    protocol: v2-rest
+    endpoints: {endpoints}
+    load_balancing: load_aware
+    load_metrics: {{preset: mlserver, port: {blind_metrics}, interval: 100ms, stale_after: 300ms}}"""
+    blind_route = f"""
+  - {{match: {{model: via_blind}}, upstream: blind, rewrite: {{model: {MODEL}}}}}"""
+    if not blind_metrics:
+        blind = blind_route = ""
+    return f"""
 admin: {{address: "127.0.0.1:0"}}
 listeners: [{{name: rest, protocol: v2-rest, address: "127.0.0.1:0"}}]
 upstreams:
@@ -95,17 +105,17 @@ upstreams:
     endpoints: {endpoints}
     load_balancing: load_aware
     load_metrics: {{preset: mlserver, port: {a.metrics_port}, interval: 100ms, stale_after: 1s}}
-  - {{name: least, protocol: v2-rest, endpoints: {endpoints}, load_balancing: least_request}}
-  - name: blind
-    protocol: v2-rest
-    endpoints: {endpoints}
-    load_balancing: load_aware
-    load_metrics: {{preset: mlserver, port: {blind_metrics}, interval: 100ms, stale_after: 300ms}}
+  - {{name: least, protocol: v2-rest, endpoints: {endpoints}, load_balancing: least_request}}{blind}
 routes:
   - {{match: {{model: via_aware}}, upstream: aware, rewrite: {{model: {MODEL}}}}}
-  - {{match: {{model: via_least}}, upstream: least, rewrite: {{model: {MODEL}}}}}
-  - {{match: {{model: via_blind}}, upstream: blind, rewrite: {{model: {MODEL}}}}}
+  - {{match: {{model: via_least}}, upstream: least, rewrite: {{model: {MODEL}}}}}{blind_route}
 """
+
+
+@pytest.fixture(scope="module")
+def gateway(servers: tuple[MLServerPeer, MLServerPeer], blind_metrics: int,
+            tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    config = gateway_config(*servers, blind_metrics)
     directory = tmp_path_factory.mktemp("gw")
     with GatewayProcess(write_config(directory, config), directory / "gateway.log") as gw:
         yield gw

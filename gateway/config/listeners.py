@@ -25,6 +25,8 @@ class ListenerConfig:
     auth: CredentialConfig | None = None  # tokens clients must present
     # HTTP listeners: serve hot requests on the httptools fast path (gateway/transport/http_server/fast.py)
     fast_path: bool = True
+    # Tell clients the gateway's and the upstream's share of each request (Server-Timing; gRPC: trailing metadata)
+    server_timing: bool = False
 
 
 def _client_auth_modes(protocol: str | None, registry: ProtocolCatalog) -> tuple[str, ...]:
@@ -57,9 +59,10 @@ def parse_listeners(node: Node, admin: Address | None, base_dir: Path,
         tls = parse_listener_tls(item.child("tls", None), base_dir, _client_auth_modes(protocol, protocols))
         auth = parse_credential_config(item.child("auth", None), base_dir)
         fast_path = item.flag("fast_path", True)
+        server_timing = item.flag("server_timing", False)
         item.check_no_unknown_keys()
         if name and protocol and address:
-            listeners.append(ListenerConfig(name, protocol, address, options, tls, auth, fast_path))
+            listeners.append(ListenerConfig(name, protocol, address, options, tls, auth, fast_path, server_timing))
         if address:
             _check_overlap(item, name, address, bound)
             bound.append((f"listener {name!r} (listeners[{index}])", address))

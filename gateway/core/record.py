@@ -24,6 +24,9 @@ from typing import Any, Literal
 REQUEST_ID_HEADER = "x-request-id"
 TRACEPARENT_HEADER = "traceparent"
 TRACESTATE_HEADER = "tracestate"
+# W3C Server Timing: a listener with ``server_timing: true`` reports the
+# request's time in the gateway and on its upstream (HTTP header; gRPC trailer).
+SERVER_TIMING_HEADER = "server-timing"
 
 # An incoming id is kept only if it is short printable ASCII without spaces:
 # it is echoed in headers and written to logs, so it must not be able to
@@ -96,6 +99,22 @@ def echo_ids(headers: Any, ctx: Any) -> None:
         headers[TRACEPARENT_HEADER] = ctx.traceparent
         if ctx.tracestate:
             headers[TRACESTATE_HEADER] = ctx.tracestate
+
+
+def overhead_seconds(record: RequestRecord, duration: float) -> float:
+    """The gateway's own share of ``duration``: everything but the wait on
+    the upstream's answers (decoding, translating, encoding, and queueing for
+    an upstream slot all count as the gateway's)."""
+    return max(duration - record.upstream_seconds, 0.0)
+
+
+def server_timing(ctx: Any) -> str:
+    """``gateway;dur=<ms>, upstream;dur=<ms>`` (W3C Server Timing) of a
+    request whose answer is being written now: ``gateway`` is its time so far
+    minus the upstream's, so what follows (writing, the metrics) is not in it."""
+    upstream = ctx.record.upstream_seconds
+    gateway = max(time.monotonic() - ctx.started - upstream, 0.0)
+    return f"gateway;dur={gateway * 1000.0:.3f}, upstream;dur={upstream * 1000.0:.3f}"
 
 
 def trace_id(traceparent: str) -> str:

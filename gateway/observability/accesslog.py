@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 
 from gateway.config.observability import AccessLogConfig
-from gateway.core.record import RequestRecord, trace_id
+from gateway.core.record import RequestRecord, overhead_seconds, trace_id
 from gateway.core.types import RequestContext
 from gateway.observability.logwriter import ACCESS_LOG_BUSY_LINGER, ACCESS_LOG_LINGER, LineWriter
 
@@ -38,7 +38,7 @@ _SAFE_PLAIN = re.compile(r"[A-Za-z0-9._:/@\[\]#*+,%-]+")
 _PLAIN_LINE = " ".join(f"{name}=%s" for name in (
     "ts", "request_id", "trace_id", "listener", "protocol", "peer", "method", "path", "operation", "model",
     "version", "route", "upstream", "endpoint", "attempts", "status", "outcome", "duration_ms", "upstream_ms",
-    "decode_ms", "encode_ms", "request_bytes", "response_bytes"))
+    "overhead_ms", "decode_ms", "encode_ms", "request_bytes", "response_bytes"))
 
 
 # orjson escapes C0 controls only: these other line breaks (str.splitlines,
@@ -183,6 +183,7 @@ class AccessLog:
             "outcome": r.outcome,
             "duration_ms": _ms(duration),
             "upstream_ms": _ms(r.upstream_seconds),
+            "overhead_ms": _ms(overhead_seconds(r, duration)),
             "decode_ms": _ms(r.decode_seconds),
             "encode_ms": _ms(r.encode_seconds),
             "request_bytes": r.request_bytes,
@@ -224,7 +225,8 @@ class AccessLog:
             self._clock.format(now), request_id or "-", trace or "-", listener or "-", protocol or "-",
             peer or "-", method or "-", path or "-", operation or "-", model or "-", version or "-",
             route or "-", upstream or "-", endpoint or "-", r.upstream_attempts, status or "-", outcome or "-",
-            _ms_text(duration), _ms_text(r.upstream_seconds), _ms_text(r.decode_seconds),
+            _ms_text(duration), _ms_text(r.upstream_seconds), _ms_text(overhead_seconds(r, duration)),
+            _ms_text(r.decode_seconds),
             _ms_text(r.encode_seconds), r.request_bytes, r.response_bytes)
         if self.worker is not None:
             line += f" worker={self.worker}"

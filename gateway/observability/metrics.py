@@ -47,7 +47,7 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from gateway.core.errors import ErrorKind, GatewayError
-from gateway.core.record import OUTCOME_CANCELLED, OUTCOME_OK, RequestRecord
+from gateway.core.record import OUTCOME_CANCELLED, OUTCOME_OK, RequestRecord, overhead_seconds
 from gateway.observability.folded import FoldedCounter, FoldedGauge, FoldedHistogram
 
 # Buckets per metric, fitted to its range (each bucket is one series per
@@ -59,6 +59,11 @@ LATENCY_BUCKETS = (0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05
 # Translating a small tensor takes tens of microseconds, a large one (offloaded)
 # up to seconds: 10 µs .. 3 s in 1-3 steps.
 TRANSLATION_BUCKETS = (0.00001, 0.00003, 0.0001, 0.0003, 0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0)
+# The gateway's own time per request (end to end minus the upstream's): tens
+# of microseconds for a pass-through, milliseconds when queued or translating
+# big tensors; 10 µs .. 1 s in 1-2-5 steps.
+OVERHEAD_BUCKETS = (0.00001, 0.00002, 0.00005, 0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05,
+                    0.1, 0.2, 0.5, 1.0)
 # Bodies, 64 B .. 1 GiB in powers of eight (sizes are for orientation, not SLOs).
 SIZE_BUCKETS = tuple(float(64 * 8**i) for i in range(9))
 # 1 ms .. 10 s: a healthy loop wakes within a millisecond or two; beyond tens
@@ -82,6 +87,7 @@ REQUEST_LABELS = ("listener", "protocol", "operation", "model", "route", "upstre
 # per operation, not per model.
 DURATION_LABELS = ("listener", "protocol", "operation", "model")
 SIZE_LABELS = ("listener", "protocol", "operation")
+OVERHEAD_LABELS = ("listener", "operation")
 # The client's status, in one of two labels by its kind: an HTTP status (HTTP
 # frontends; GraphStorm's envelope status_code) or a gRPC code name.
 CODE_LABELS = ("http_code", "grpc_code")
@@ -151,13 +157,14 @@ class _RequestSeries:
     """The series of one (listener, protocol, operation, model): its children
     bound once, so a request costs a look-up or two, not a ``labels()`` each."""
 
-    __slots__ = ("_counters", "_labels", "_metrics", "_passthrough", "decode", "duration", "encode",
+    __slots__ = ("_counters", "_labels", "_metrics", "_passthrough", "decode", "duration", "encode", "overhead",
                  "request_size", "response_size")
 
     def __init__(self, metrics: GatewayMetrics, listener: str, protocol: str, operation: str, model: str) -> None:
         self._metrics = metrics
         self._labels = (listener, protocol, operation, model)
         self.duration = metrics.request_duration.labels(listener, protocol, operation, model)
+        self.overhead = metrics.overhead.labels(listener, operation)
         self.request_size = metrics.request_size.labels(listener, protocol, operation)
         self.response_size = metrics.response_size.labels(listener, protocol, operation)
         self.decode: Any = None  # the frontend's translation series, made when first observed
@@ -173,6 +180,7 @@ class _RequestSeries:
                 *self._labels, record.route, record.upstream, *code_labels(record.status), record.outcome)
         counter.inc()
         self.duration.observe(duration)
+        self.overhead.observe(overhead_seconds(record, duration))
         self.request_size.observe(record.request_bytes)
         self.response_size.observe(record.response_bytes)
         if record.passthrough:
@@ -220,6 +228,10 @@ class GatewayMetrics:
         self.request_duration = histogram(
             "gateway_request_duration_seconds", "End-to-end time from request received to response sent.",
             DURATION_LABELS, buckets=LATENCY_BUCKETS, registry=r)
+        self.overhead = histogram(
+            "gateway_overhead_seconds", "The gateway's own time per request: end to end minus the time waiting "
+            "on upstream attempts (decoding, translating, encoding, queueing for an upstream slot).",
+            OVERHEAD_LABELS, buckets=OVERHEAD_BUCKETS, registry=r)
         self.request_size = histogram(
             "gateway_request_size_bytes", "Request body size as received (after transfer coding).",
             SIZE_LABELS, buckets=SIZE_BUCKETS, registry=r)

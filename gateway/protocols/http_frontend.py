@@ -121,7 +121,8 @@ class HttpFrontend(Frontend):
         cycle = getattr(self, "_cycle", None)
         if cycle is None:
             cycle = self._cycle = RequestCycle(self.listener.name, self.listener.protocol, self.services,
-                                               self.services.config.limits.max_concurrent_requests, self.probe_paths)
+                                               self.services.config.limits.max_concurrent_requests, self.probe_paths,
+                                               self.listener.server_timing)
             cycle.passes = (web.HTTPException,)
         return cycle
 

@@ -28,7 +28,7 @@ from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Generic, Protocol, TypeVar
 
 from gateway.core.errors import ErrorKind, GatewayError
-from gateway.core.record import OUTCOME_CANCELLED, finish_request
+from gateway.core.record import OUTCOME_CANCELLED, SERVER_TIMING_HEADER, echo_ids, finish_request, server_timing
 from gateway.core.types import RequestContext
 from gateway.runtime.services import GatewayServices
 
@@ -57,12 +57,13 @@ class RequestCycle:
     """One listener's request cycle; its servers drive it (see the module)."""
 
     def __init__(self, listener: str, protocol: str, services: GatewayServices, max_requests: int,
-                 probes: frozenset[str] = frozenset()) -> None:
+                 probes: frozenset[str] = frozenset(), server_timing: bool = False) -> None:
         self.listener = listener
         self.protocol = protocol
         self.services = services
         self.max_requests = max_requests  # limits.max_concurrent_requests
         self.probes = probes  # answered without credentials, and even past the limit
+        self.server_timing = server_timing  # the listener's `server_timing`: answers say the gateway's time
         self.requests = 0  # in flight, probes not counted
         self.credentials: Credentials | None = None  # set when the listener starts, if it has `auth`
         # Exceptions a server answers itself (aiohttp's routing errors: its
@@ -79,6 +80,21 @@ class RequestCycle:
         if tracing is not None:
             tracing.start(ctx)
         self._in_flight.inc()
+
+    def stamp(self, headers: MutableMapping[str, str], ctx: RequestContext) -> None:
+        """What every HTTP answer carries, put on its ``headers`` as it is
+        about to be written: the request's ids and, when the listener asks
+        for it, its Server-Timing up to now."""
+        echo_ids(headers, ctx)
+        if self.server_timing:
+            headers[SERVER_TIMING_HEADER] = server_timing(ctx)
+
+    def trailers(self, ctx: RequestContext) -> tuple[tuple[str, str], ...]:
+        """A gRPC call's trailing metadata, as :meth:`stamp` for HTTP."""
+        trailers = tuple(ctx.upstream_headers().items())
+        if self.server_timing:
+            trailers += ((SERVER_TIMING_HEADER, server_timing(ctx)),)
+        return trailers
 
     def end(self) -> None:
         """The request's handling is over (its answer may still be being written)."""

@@ -215,7 +215,7 @@ class V2GrpcFrontend(Frontend):
         logging.getLogger("grpc._cython.cygrpc").addFilter(_UNDECODABLE_METADATA)  # added once
         # Tokens and certificates are read now, when the listener starts.
         self.cycle = RequestCycle(self.listener.name, PROTOCOL, self.services, limits.max_concurrent_requests,
-                                  PUBLIC_METHODS)
+                                  PUBLIC_METHODS, self.listener.server_timing)
         if self.listener.auth is not None:
             self.cycle.credentials = self._authenticator = Authenticator(self.listener.auth)
         interceptors = [ReflectionAuth(self._authenticator)] if self._authenticator is not None else []
@@ -298,13 +298,13 @@ class V2GrpcFrontend(Frontend):
             finally:
                 reservation.release()
                 cycle.end()
-                context.set_trailing_metadata(tuple(ctx.upstream_headers().items()))
+                trailers = cycle.trailers(ctx)
+                context.set_trailing_metadata(trailers)
             if type(answer) is GrpcRefusal:
                 record.status = answer.code.name
                 cycle.finish(ctx)
                 if answer.retry_after is not None:
-                    context.set_trailing_metadata((*ctx.upstream_headers().items(),
-                                                   (RETRY_PUSHBACK_KEY, str(answer.retry_after * 1000))))
+                    context.set_trailing_metadata((*trailers, (RETRY_PUSHBACK_KEY, str(answer.retry_after * 1000))))
                 await context.abort(answer.code, answer.message)
             record.status = grpc.StatusCode.OK.name
             record.response_bytes = len(answer) if isinstance(answer, bytes) else answer.ByteSize()

@@ -34,10 +34,7 @@ from aiohttp.web_protocol import RequestHandler
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from gateway.core.errors import ErrorKind, GatewayError, malformed, too_large
-from gateway.core.record import (
-    echo_ids,
-    finish_request,
-)
+from gateway.core.record import finish_request
 from gateway.core.types import RequestContext
 from gateway.runtime.budget import Reservation
 from gateway.runtime.offload import Offloader
@@ -206,7 +203,7 @@ def cycle_middleware(cycle: RequestCycle, form: Form[web.StreamResponse], guard:
                 response = await cycle.run(ctx, request.path in cycle.probes,
                                            lambda: _admitted(guard, request, handler), form)
         except web.HTTPException as exc:
-            echo_ids(exc.headers, ctx)
+            cycle.stamp(exc.headers, ctx)
             raise
         except asyncio.CancelledError:
             cycle.cancelled(ctx, "499", request.content.total_bytes)
@@ -219,7 +216,7 @@ def cycle_middleware(cycle: RequestCycle, form: Form[web.StreamResponse], guard:
         if draining():
             # Clients move their keep-alive connections elsewhere before the listener closes.
             response.force_close()
-        echo_ids(response.headers, ctx)
+        cycle.stamp(response.headers, ctx)
         return response
 
     return serve

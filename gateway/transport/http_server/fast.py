@@ -35,7 +35,7 @@ from urllib.parse import unquote
 import httptools
 
 from gateway.core.errors import ErrorKind, GatewayError, malformed, too_large
-from gateway.core.record import OUTCOME_CANCELLED, echo_ids
+from gateway.core.record import OUTCOME_CANCELLED
 from gateway.core.types import RequestContext
 from gateway.transport.cycle import Refusals, RequestCycle
 from gateway.transport.http_server.body import decompress, request_coding
@@ -538,7 +538,7 @@ class FastConnection(asyncio.Protocol):
         finally:
             cycle.end()
             request.release()
-        echo_ids(reply.headers, ctx)
+        cycle.stamp(reply.headers, ctx)
         if listener.draining() or self.abandoned:
             self._closing = True
         if request.missing and (request.expect is not None and not request.continued):
