@@ -9,38 +9,13 @@ The recipe (tests/peers/stall_attack.py) is the one docs/security.md quotes;
 
 from __future__ import annotations
 
-import time
-
 import pytest
-import simdjson
 
-from peers.stall_attack import ATTACKS, BIG_JSON, CONFIG, attack_body, run_attack
+from peers.stall_attack import ATTACKS, CONFIG, MAX_BOUND, MEDIAN_BOUND, machine_slowdown, run_attack
 from support import GatewayProcess, write_config
 
-# The bounds: median and worst probe latency, and RSS growth.
-MEDIAN_BOUND = 0.050
-MAX_BOUND = 1.0
+# The bound on RSS growth (the probes': the recipe's MEDIAN_BOUND and MAX_BOUND).
 RSS_BOUND = 1 << 30
-# What one parse of the 1M-element attack body costs on the machine the
-# median bound was set on: ~11 ms for the parse and ~10 ms of page faults
-# for a parser made for a body over 1 MiB (gateway/core/tensors.py).
-REFERENCE_PARSE = 0.025
-
-
-def machine_slowdown() -> float:
-    """How much slower than the reference this machine parses the attack's
-    body right now (best of three, at least 1). A parse is one C call that
-    holds the GIL, which the design accepts; on a host whose memory is
-    slower (a VM's page faults, a noisy neighbour) every such call takes
-    longer and the probes' median with it, by the same factor. The worst
-    probe keeps its fixed bound."""
-    body, _ = attack_body(BIG_JSON)
-    best = float("inf")
-    for _ in range(3):
-        started = time.perf_counter()
-        simdjson.Parser().parse(body)
-        best = min(best, time.perf_counter() - started)
-    return max(1.0, best / REFERENCE_PARSE)
 
 
 def classic(config: str) -> str:

@@ -69,8 +69,9 @@ class LiteLlmPeer:
         env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_TELEMETRY": "False",
                "LITELLM_LOG": "ERROR"}
         with open(self.workdir / "litellm.log", "wb") as log:
-            self.proc = subprocess.Popen([str(command), "--config", "config.yaml", "--host", "127.0.0.1",
-                                          "--port", str(self.port), "--num_workers", "1"],
+            # Through the venv's python: the script's shebang names the path the venv was made at.
+            self.proc = subprocess.Popen([str(command.parent / "python"), str(command), "--config", "config.yaml",
+                                          "--host", "127.0.0.1", "--port", str(self.port), "--num_workers", "1"],
                                          cwd=self.workdir, stdout=log, stderr=subprocess.STDOUT, env=env,
                                          start_new_session=True)
         venv_peer.wait_until_serving(self.proc, f"http://{self.address}/health/liveliness", timeout,

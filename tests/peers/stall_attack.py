@@ -16,6 +16,7 @@ from __future__ import annotations
 import gzip
 import http.client
 import multiprocessing
+import socket
 import statistics
 import sys
 import threading
@@ -26,6 +27,7 @@ from typing import Any
 
 import numpy as np
 import orjson
+import simdjson
 from security_support import BUILTIN_BACKEND
 
 from gateway.config.limits import DEFAULT_MAX_INFLIGHT_BYTES, DEFAULT_MAX_JSON_CONTAINERS, DEFAULT_MAX_REQUEST_BYTES
@@ -166,6 +168,81 @@ def _http_probe(port: int, method: str, path: str, body: bytes | None = None,
 
 def _grpc_probe(stub: Any, request: Any) -> bool:
     return bool(stub(request, timeout=5).live)
+
+
+# The bounds on the probes' latency under attack: the median (scaled by
+# machine_slowdown) and the worst.
+MEDIAN_BOUND = 0.050
+MAX_BOUND = 1.0
+# What one parse of the 1M-element attack body costs on the machine the
+# probes' median bound was set on: ~11 ms for the parse and ~10 ms of page
+# faults for a parser made for a body over 1 MiB (gateway/core/tensors.py).
+REFERENCE_PARSE = 0.025
+
+
+def machine_slowdown() -> float:
+    """How much slower than the reference this machine parses the attack's
+    body right now (best of three, at least 1). A parse is one C call that
+    holds the GIL, which the design accepts; on a host whose memory is
+    slower (a VM's page faults, a noisy neighbour) every such call takes
+    longer and the probes' median with it, by the same factor. The worst
+    probe keeps its fixed bound."""
+    body, _ = attack_body(BIG_JSON)
+    best = float("inf")
+    for _ in range(3):
+        started = time.perf_counter()
+        simdjson.Parser().parse(body)
+        best = min(best, time.perf_counter() - started)
+    return max(1.0, best / REFERENCE_PARSE)
+
+
+class SseNeverReads:
+    """Clients of an ``openai`` listener that ask for long streamed chat
+    completions and never read: each connection sends ``requests`` of them
+    at once (pipelined: the listener answers them one after another) and
+    then only waits, so its answers (~1 MB of chunks each at 4096 tokens,
+    several MB per connection) overrun what the kernel's socket buffers
+    hold. Leaving the ``with`` block closes the connections unread."""
+
+    def __init__(self, port: int, connections: int, requests: int, max_tokens: int = 4096,
+                 model: str = "text_generator") -> None:
+        body = orjson.dumps({"model": model, "stream": True, "max_tokens": max_tokens,
+                             "messages": [{"role": "user", "content": "tell me a very long story"}]})
+        head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode()
+        self.request = (head + body) * requests
+        self.port, self.connections = port, connections
+        self.sockets: list[socket.socket] = []
+
+    def __enter__(self) -> SseNeverReads:
+        try:
+            for _ in range(self.connections):
+                sock = socket.create_connection(("127.0.0.1", self.port), timeout=10)
+                self.sockets.append(sock)
+                sock.sendall(self.request)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def close(self) -> None:
+        for sock in self.sockets:
+            sock.close()
+        self.sockets.clear()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def send_queues(port: int) -> list[int]:
+    """The bytes the kernel holds unsent on each established connection of
+    the local ``port`` (IPv4; /proc/net/tcp's tx_queue)."""
+    queues = []
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "01":  # 01: ESTABLISHED
+            queues.append(int(fields[4].split(":")[0], 16))
+    return sorted(queues)
 
 
 def rss_bytes(pid: int) -> int:

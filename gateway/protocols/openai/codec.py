@@ -252,7 +252,8 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
 
 
 def encode_text_answer(request: TextRequest, answer_id: str, created: int, text: str, finish_reason: str,
-                       prompt_tokens: int) -> bytes:
+                       prompt_tokens: int, completion_tokens: int | None = None) -> bytes:
+    """``completion_tokens`` None: counted here (count_tokens)."""
     if request.messages is not None:
         choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text},
                                   "logprobs": None, "finish_reason": finish_reason}
@@ -261,7 +262,9 @@ def encode_text_answer(request: TextRequest, answer_id: str, created: int, text:
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
         kind = "text_completion"
     return orjson.dumps({"id": answer_id, "object": kind, "created": created, "model": request.model,
-                         "choices": [choice], "usage": usage(prompt_tokens, count_tokens(text))})
+                         "choices": [choice],
+                         "usage": usage(prompt_tokens, count_tokens(text) if completion_tokens is None
+                                        else completion_tokens)})
 
 
 def encode_chunk(request: TextRequest, answer_id: str, created: int, text: str | None,
@@ -291,13 +294,14 @@ def encode_usage_chunk(request: TextRequest, answer_id: str, created: int, promp
     return b"data: " + chunk + b"\n\n"
 
 
-def encode_embeddings(request: EmbeddingRequest, vectors: np.ndarray) -> bytes:
-    """``vectors`` FP32 [n, d], one row per text."""
+def encode_embeddings(request: EmbeddingRequest, vectors: np.ndarray, prompt_tokens: int | None = None) -> bytes:
+    """``vectors`` FP32 [n, d], one row per text; ``prompt_tokens`` None: counted here."""
     rows = np.ascontiguousarray(vectors, dtype="<f4")
     data = [{"object": "embedding", "index": index,
              "embedding": base64.b64encode(row.tobytes()).decode() if request.base64 else row.tolist()}
             for index, row in enumerate(rows)]
-    prompt_tokens = sum(count_tokens(text) for text in request.texts)
+    if prompt_tokens is None:
+        prompt_tokens = sum(count_tokens(text) for text in request.texts)
     return orjson.dumps({"object": "list", "data": data, "model": request.model,
                          "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens}})
 

@@ -163,7 +163,7 @@ class OpenAiFrontend(HttpFrontend):
                                    f"not {asked.dimensions}")
         size = 256 + vectors.size * _FLOAT_TEXT_BYTES
         request.reservation().grow(size)
-        answer = await offload.run(size, codec.encode_embeddings, asked, vectors)
+        answer = await offload.run(size, codec.encode_embeddings, asked, vectors, mapping.reported_tokens(response)[0])
         return json_reply(answer, 200, {REQUEST_ID_HEADER: ctx.request_id})
 
     # --- chat and completions ------------------------------------------------------
@@ -194,18 +194,26 @@ class OpenAiFrontend(HttpFrontend):
             return await self._stream(raw, ctx, asked, infer_request, options, answer_id, created, prompt_tokens)
         reservation = request.reservation()
         pieces: list[str] = []
+        completion_tokens: int | None = None
 
         async def deliver(part: StreamedResponse) -> None:
+            nonlocal prompt_tokens, completion_tokens
             if mapping.carries_text(part.response, options):
                 text = mapping.text_of(part.response, options)
                 reservation.grow(2 * len(text))  # the text, and its copy in the answer
                 pieces.append(text)
+            reported_prompt, reported_completion = mapping.reported_tokens(part.response)
+            if reported_prompt is not None:
+                prompt_tokens = reported_prompt
+            if reported_completion is not None:
+                completion_tokens = reported_completion
 
         await self.dataplane.infer_stream(infer_request, ctx, deliver)
         text = "".join(pieces)
-        finish = "length" if codec.count_tokens(text) >= asked.max_tokens else "stop"
+        counted = codec.count_tokens(text) if completion_tokens is None else completion_tokens
+        finish = "length" if counted >= asked.max_tokens else "stop"
         answer = await self.services.offload.run(len(text), codec.encode_text_answer, asked, answer_id, created,
-                                                 text, finish, prompt_tokens)
+                                                 text, finish, prompt_tokens, counted)
         return await aiohttp_reply(raw, HttpReply(200, [answer], codec.JSON_TYPE,
                                                   {REQUEST_ID_HEADER: ctx.request_id}))
 

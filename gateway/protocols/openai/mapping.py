@@ -210,6 +210,17 @@ def carries_text(response: InferResponse, options: RouteOptions) -> bool:
     return any(tensor.name == options.text_output for tensor in response.outputs)
 
 
+def reported_tokens(response: InferResponse) -> tuple[int | None, int | None]:
+    """The prompt and completion token counts the model reported in its
+    answer's parameters (an ``openai`` upstream relays the server's
+    ``usage`` so), None where it reported none."""
+    parameters = response.parameters
+    if not parameters:
+        return None, None
+    prompt, completion = parameters.get("prompt_tokens"), parameters.get("completion_tokens")
+    return (prompt if type(prompt) is int else None), (completion if type(completion) is int else None)
+
+
 def embeddings_request(model: str, texts: list[str], options: RouteOptions, request_id: str) -> InferRequest:
     return InferRequest(model, "", request_id, [_tensor(options.text_input, "BYTES", list(texts), False)])
 
