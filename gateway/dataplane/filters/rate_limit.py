@@ -69,10 +69,11 @@ local tolerance = tonumber(ARGV[2])
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) + tonumber(clock[2]) / 1000000
 local tat = tonumber(redis.call('GET', KEYS[1])) or now
-if tat < now then tat = now end
-local later = tat + interval
-local wait = later - now - tolerance
-if wait > 0 then return math.max(1, math.ceil(wait * 1000)) end
+local ahead = 0
+if tat > now then ahead = tat - now end
+local later = now + ahead + interval
+local wait = ahead + interval - tolerance
+if wait > 1e-9 then return math.max(1, math.ceil(wait * 1000)) end
 redis.call('SET', KEYS[1], string.format('%.6f', later), 'PX', math.ceil((later - now) * 1000) + 1)
 return 0
 """)
@@ -230,12 +231,14 @@ class RateLimitFilter(Filter):
                 self._evict(now)
             if len(tats) >= self._charged_keys:
                 self._charge_keys()
-        later = (tat if tat > now else now) + self.interval
-        wait = later - now - self.tolerance
-        if wait > 0:
+        # How far the bucket is behind now, never (now + interval) - now: with
+        # burst 1 that rounds to a hair over the tolerance and refuses a full bucket.
+        ahead = tat - now if tat > now else 0.0
+        wait = ahead + self.interval - self.tolerance
+        if wait > 1e-9:
             tats[key] = tat
             raise self._refuse(wait)
-        tats[key] = later
+        tats[key] = now + ahead + self.interval
 
     def _charge_keys(self) -> None:
         """Room for CHARGE_KEYS more keys, charged to the worker's memory
