@@ -194,3 +194,27 @@ class Refusals(Generic[A]):
             if challenge:
                 self._headers(answer)["WWW-Authenticate"] = challenge
         return answer
+
+
+class StreamSlots:
+    """A listener's open streams (SSE answers, gRPC streams), bounded by
+    limits.max_open_streams: one more is refused at once, never queued."""
+
+    __slots__ = ("_gauge", "limit", "open")
+
+    def __init__(self, listener: str, protocol: str, services: GatewayServices) -> None:
+        self.limit = services.config.limits.max_open_streams
+        self.open = 0
+        self._gauge = services.metrics.streams_open(listener, protocol)
+
+    def take(self) -> None:
+        """One more open stream (give it back with :meth:`give_back`), or OVERLOADED."""
+        if self.open >= self.limit:
+            raise GatewayError(ErrorKind.OVERLOADED, f"the listener has {self.limit} open streams, its limit "
+                               "(limits.max_open_streams); retry later")
+        self.open += 1
+        self._gauge.inc()
+
+    def give_back(self) -> None:
+        self.open -= 1
+        self._gauge.dec()

@@ -24,8 +24,8 @@ from aiohttp import web
 from gateway.config.listeners import ListenerConfig
 from gateway.config.node import Node
 from gateway.core.contracts import StreamedResponse
-from gateway.core.errors import ErrorKind, GatewayError, invalid
-from gateway.core.record import OUTCOME_CANCELLED, REQUEST_ID_HEADER
+from gateway.core.errors import GatewayError, invalid
+from gateway.core.record import REQUEST_ID_HEADER
 from gateway.core.types import InferRequest, RequestContext
 from gateway.dataplane.routing import Route
 from gateway.protocols.base import DataPlaneApi
@@ -33,9 +33,10 @@ from gateway.protocols.http_frontend import AiohttpRequest, HttpFrontend
 from gateway.protocols.openai import codec, errors, mapping
 from gateway.runtime.budget import admit_json
 from gateway.runtime.services import GatewayServices
-from gateway.transport.http_server.aiohttp_app import aiohttp_reply, error_middleware, note_error
+from gateway.transport.cycle import StreamSlots
+from gateway.transport.http_server.aiohttp_app import aiohttp_reply, error_middleware
 from gateway.transport.http_server.exchange import Handler, HttpReply, HttpRequest, json_reply
-from gateway.transport.http_server.sse import SSE_CONTENT_TYPE
+from gateway.transport.http_server.streamed import StreamedAnswer
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +100,7 @@ class OpenAiFrontend(HttpFrontend):
         super().__init__(listener, dataplane, services)
         options = self.listener.options
         self.limits = options if isinstance(options, codec.Limits) else DEFAULT_LIMITS
-        self._streams = 0  # streamed answers being sent on this listener
+        self._streams = StreamSlots(self.listener.name, PROTOCOL, services)
 
     def error_reply(self, error: GatewayError, status: int | None) -> HttpReply:
         if status is None:
@@ -220,49 +221,30 @@ class OpenAiFrontend(HttpFrontend):
     async def _stream(self, raw: web.Request, ctx: RequestContext, asked: codec.TextRequest,
                       infer_request: InferRequest, options: mapping.RouteOptions, answer_id: str, created: int,
                       prompt_tokens: int) -> web.StreamResponse:
-        limit = self.services.config.limits.max_open_streams
-        if self._streams >= limit:  # refused at once, never queued
-            raise GatewayError(ErrorKind.OVERLOADED, f"the listener has {limit} open streams, its limit "
-                               "(limits.max_open_streams); retry later")
-        open_streams = self.services.metrics.streams_open(self.listener.name, PROTOCOL)
-        self._streams += 1
-        open_streams.inc()
+        self._streams.take()
         try:
             return await self._send_stream(raw, ctx, asked, infer_request, options, answer_id, created,
                                            prompt_tokens)
         finally:
-            self._streams -= 1
-            open_streams.dec()
+            self._streams.give_back()
 
     async def _send_stream(self, raw: web.Request, ctx: RequestContext, asked: codec.TextRequest,
                            infer_request: InferRequest, options: mapping.RouteOptions, answer_id: str, created: int,
                            prompt_tokens: int) -> web.StreamResponse:
-        answer = web.StreamResponse(status=200, headers={
-            "Content-Type": SSE_CONTENT_TYPE, "Cache-Control": "no-cache", REQUEST_ID_HEADER: ctx.request_id})
-        # Sent with the first chunk: an error before it is an ordinary error answer.
+        stream = StreamedAnswer(raw, ctx)
         words = WordCount()
-        responses = 0
-        first_seconds: float | None = None
-        started = time.monotonic()
         budget = self.services.budget
 
         async def deliver(part: StreamedResponse) -> None:
-            nonlocal responses, first_seconds
             if not mapping.carries_text(part.response, options):
                 return
             text = mapping.text_of(part.response, options)
             held = budget.reserve()  # the chunk, until it is written
             try:
                 held.grow(3 * len(text) + 256)
-                chunk = codec.encode_chunk(asked, answer_id, created, text, None, first=responses == 0)
-                if not answer.prepared:
-                    await answer.prepare(raw)
-                responses += 1
-                if first_seconds is None:
-                    first_seconds = time.monotonic() - started
+                chunk = codec.encode_chunk(asked, answer_id, created, text, None, first=stream.events == 0)
                 words.add(text)
-                # Waits while the transport is full: a slow reader slows the upstream.
-                await answer.write(chunk)
+                await stream.send(chunk)
             finally:
                 held.release()
 
@@ -270,27 +252,13 @@ class OpenAiFrontend(HttpFrontend):
         try:
             await self.dataplane.infer_stream(infer_request, ctx, deliver)
         except Exception as exc:
-            if not answer.prepared:
-                raise  # the error answer, with its status
-            if raw.transport is None or raw.transport.is_closing():
-                ctx.record.status, ctx.record.outcome = "499", OUTCOME_CANCELLED  # the client went away
-                return answer
-            error = exc if isinstance(exc, GatewayError) else GatewayError(ErrorKind.INTERNAL, "internal error")
-            if error is not exc:
-                log.error("unhandled error in a streamed completion", exc_info=exc)
-            note_error(raw, error)
-            await answer.write(codec.encode_stream_error(error))
-            await answer.write_eof()
-            return answer
+            await stream.failed(exc, codec.encode_stream_error)
+            return await stream.end()
         finally:
-            self.services.metrics.observe_stream_request(ctx.listener, ctx.protocol, responses, first_seconds)
-        if not answer.prepared:  # no text at all: an empty completion
-            await answer.prepare(raw)
+            stream.observe(self.services)
         finish = "length" if words.count >= asked.max_tokens else "stop"
-        tail = [codec.encode_chunk(asked, answer_id, created, None, finish, first=responses == 0)]
+        tail = [codec.encode_chunk(asked, answer_id, created, None, finish, first=stream.events == 0)]
         if asked.include_usage:
             tail.append(codec.encode_usage_chunk(asked, answer_id, created, prompt_tokens, words.count))
         tail.append(codec.DONE_EVENT)
-        await answer.write(b"".join(tail))
-        await answer.write_eof()
-        return answer
+        return await stream.end(b"".join(tail))

@@ -48,7 +48,7 @@ from gateway.protocols.v2_grpc.stream import OPERATION, StreamSession
 from gateway.runtime.auth import Authenticator
 from gateway.runtime.budget import Reservation
 from gateway.runtime.tls import ServerTls
-from gateway.transport.cycle import RequestCycle
+from gateway.transport.cycle import RequestCycle, StreamSlots
 
 if TYPE_CHECKING:
     from gateway.config.limits import Limits
@@ -189,7 +189,7 @@ class V2GrpcFrontend(Frontend):
     _server: grpc.aio.Server | None = None
     _health: Any = None
     _port = 0
-    _streams = 0  # open ModelStreamInfer calls
+    _streams: StreamSlots  # open ModelStreamInfer calls
     _tls: ServerTls | None = None
     _authenticator: Authenticator | None = None
     extensions: Extensions
@@ -231,7 +231,7 @@ class V2GrpcFrontend(Frontend):
         }
         # ModelStreamInfer: bytes in and out, as ModelInfer (stream.py).
         handlers[STREAM_RPC] = grpc.stream_stream_rpc_method_handler(self._stream_handler())
-        self._streams = 0
+        self._streams = StreamSlots(self.listener.name, PROTOCOL, self.services)
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(pb.SERVICE, handlers),))
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
@@ -390,32 +390,24 @@ class V2GrpcFrontend(Frontend):
                               tracestate=stream_ctx.tracestate, record=record)
 
     def _stream_handler(self) -> Callable[[Any, grpc.aio.ServicerContext], Awaitable[None]]:
-        services = self.services
         path = pb.method_path(STREAM_RPC)
 
         async def handle(requests: Any, context: grpc.aio.ServicerContext) -> None:
             ctx = self._context(context)
             ctx.record.operation, ctx.record.method, ctx.record.path = OPERATION, "POST", path
             ctx.record.peer = context.peer() or ""
-            limit = services.config.limits.max_open_streams
             try:
                 if self._authenticator is not None:
                     self._authenticator.check(ctx.headers)
-                if self._streams >= limit:  # refused at once, never queued
-                    raise GatewayError(ErrorKind.OVERLOADED, f"the listener has {limit} open streams, its limit "
-                                       "(limits.max_open_streams); retry later")
+                self._streams.take()
             except GatewayError as error:  # the stream is refused as a whole
                 code, message = codec.recorded_error(error, ctx.record)
                 self.cycle.finish(ctx)
                 await context.abort(code, message)
-            open_streams = services.metrics.streams_open(self.listener.name, PROTOCOL)
-            self._streams += 1
-            open_streams.inc()
             try:
                 await StreamSession(self, context, ctx).serve(requests)
             finally:
-                self._streams -= 1
-                open_streams.dec()
+                self._streams.give_back()
 
         return handle
 

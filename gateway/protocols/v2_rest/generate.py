@@ -26,7 +26,7 @@ from gateway.core.cache import TtlCache
 from gateway.core.contracts import StreamedResponse
 from gateway.core.errors import ErrorKind, GatewayError, invalid, malformed
 from gateway.core.limits import BYTES_ELEMENT_COST, TensorAllowance
-from gateway.core.record import OUTCOME_CANCELLED, REQUEST_ID_HEADER
+from gateway.core.record import REQUEST_ID_HEADER
 from gateway.core.tensors import written_as_integers
 from gateway.core.types import (
     DECOUPLED_PARAMETER,
@@ -47,10 +47,11 @@ from gateway.protocols.v2_rest.flat import (
     tensor_item,
 )
 from gateway.runtime.budget import Reservation, admit_json
-from gateway.transport.http_server.aiohttp_app import note_error
+from gateway.transport.cycle import StreamSlots
 from gateway.transport.http_server.body import accepted_coding
 from gateway.transport.http_server.exchange import HttpReply, HttpRequest, compress
-from gateway.transport.http_server.sse import SSE_CONTENT_TYPE, encode_event
+from gateway.transport.http_server.sse import encode_event
+from gateway.transport.http_server.streamed import StreamedAnswer
 
 if TYPE_CHECKING:
     from gateway.config.limits import Limits
@@ -175,7 +176,7 @@ class GenerateHandlers:
         self.dataplane = frontend.dataplane
         self.services = frontend.services
         self._metadata: TtlCache[ModelMetadata] = TtlCache(METADATA_TTL)
-        self._streams = 0  # generate_stream answers being sent on this listener
+        self._streams = StreamSlots(frontend.listener.name, codec.PROTOCOL, frontend.services)
 
     async def model_metadata(self, model: str, version: str, route: Route, ctx: RequestContext) -> ModelMetadata:
         """The model's V2 metadata (cached per route, model and version);
@@ -250,44 +251,23 @@ class GenerateHandlers:
 
     async def generate_stream(self, raw: web.Request) -> web.StreamResponse:
         request = self.frontend.http_request(raw)
-        ctx = request.ctx
-        limit = self.services.config.limits.max_open_streams
-        if self._streams >= limit:  # refused at once, never queued
-            raise GatewayError(ErrorKind.OVERLOADED, f"the listener has {limit} open streams, its limit "
-                               "(limits.max_open_streams); retry later")
-        open_streams = self.services.metrics.streams_open(self.frontend.listener.name, codec.PROTOCOL)
-        self._streams += 1
-        open_streams.inc()
+        self._streams.take()
         try:
-            return await self._stream(raw, request, ctx)
+            return await self._stream(raw, request, request.ctx)
         finally:
-            self._streams -= 1
-            open_streams.dec()
+            self._streams.give_back()
 
     async def _stream(self, raw: web.Request, request: HttpRequest, ctx: RequestContext) -> web.StreamResponse:
         infer_request, _ = await self._decode(request)
-        answer = web.StreamResponse(status=200, headers={
-            "Content-Type": SSE_CONTENT_TYPE, "Cache-Control": "no-cache", REQUEST_ID_HEADER: ctx.request_id})
-        # Sent with the first event: an error before it is an ordinary V2 error answer.
-        responses = 0
-        first_seconds: float | None = None
-        started = time.monotonic()
+        stream = StreamedAnswer(raw, ctx)
         budget = self.services.budget
 
         async def deliver(part: StreamedResponse) -> None:
-            nonlocal responses, first_seconds
             if not _carries_outputs(part):
                 return
             held = budget.reserve()  # until the event is written
             try:
-                event = await self._encoded(part.response, held, ctx, encode_generate_event)
-                if not answer.prepared:
-                    await answer.prepare(raw)
-                responses += 1
-                if first_seconds is None:
-                    first_seconds = time.monotonic() - started
-                # Waits while the transport is full: a slow reader slows the upstream.
-                await answer.write(event)
+                await stream.send(await self._encoded(part.response, held, ctx, encode_generate_event))
             finally:
                 held.release()
 
@@ -295,19 +275,7 @@ class GenerateHandlers:
         try:
             await self.dataplane.infer_stream(infer_request, ctx, deliver)
         except Exception as exc:
-            if not answer.prepared:
-                raise  # the V2 error answer, with its status
-            if raw.transport is None or raw.transport.is_closing():
-                ctx.record.status, ctx.record.outcome = "499", OUTCOME_CANCELLED  # the client went away
-                return answer
-            error = exc if isinstance(exc, GatewayError) else GatewayError(ErrorKind.INTERNAL, "internal error")
-            if error is not exc:
-                log.error("unhandled error in generate_stream", exc_info=exc)
-            note_error(raw, error)
-            await answer.write(encode_event(orjson.dumps({"error": error.message})))
+            await stream.failed(exc, lambda error: encode_event(orjson.dumps({"error": error.message})))
         finally:
-            self.services.metrics.observe_stream_request(ctx.listener, ctx.protocol, responses, first_seconds)
-        if not answer.prepared:  # no response at all: an empty stream
-            await answer.prepare(raw)
-        await answer.write_eof()
-        return answer
+            stream.observe(self.services)
+        return await stream.end()
