@@ -14,6 +14,7 @@ from support import REPO
 GATEWAY = REPO / "gateway"
 # What protocols share, and how the rest of the gateway reaches them.
 NEUTRAL = frozenset({"gateway.protocols", "gateway.protocols.base", "gateway.protocols.http_frontend",
+                     "gateway.protocols.http_upstream",
                      "gateway.protocols.registry", "gateway.protocols.triton"})
 
 # The layers, lowest first: gateway.<layer>.*; a module may import its own

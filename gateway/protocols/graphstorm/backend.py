@@ -13,7 +13,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gateway.config.address import Address
 from gateway.config.node import Node
+from gateway.config.upstreams import UpstreamConfig
 from gateway.core.errors import ErrorKind, GatewayError, invalid
 from gateway.core.graphtensors import (
     CONTRACT,
@@ -24,10 +26,9 @@ from gateway.core.graphtensors import (
     GraphTensors,
 )
 from gateway.core.types import InferRequest, InferResponse, ModelMetadata, RawPayload, RequestContext
-from gateway.protocols.base import UpstreamClient
 from gateway.protocols.graphstorm import codec, errors
-from gateway.runtime.tls import http_client_tls
-from gateway.transport.http_client.pool import UpstreamHttp
+from gateway.protocols.http_upstream import HttpUpstreamClient
+from gateway.runtime.services import GatewayServices
 
 PROTOCOL = "graphstorm"
 PLATFORM = "graphstorm_realtime"
@@ -40,8 +41,14 @@ class BackendOptions:
     ping_path: str = "/ping"
 
 
-class GraphStormClient(UpstreamClient):
-    http: UpstreamHttp | None = None
+class GraphStormClient(HttpUpstreamClient):
+    # A GraphStorm answer is bounded as a request is; few connections per endpoint.
+    limit_name = "limits.max_request_bytes"
+    max_connections = _MAX_CONNECTIONS
+
+    def __init__(self, upstream: UpstreamConfig, endpoint: Address | None, services: GatewayServices) -> None:
+        super().__init__(upstream, endpoint, services)
+        self.max_response = services.config.limits.max_request_bytes
 
     @classmethod
     def parse_options(cls, node: Node) -> BackendOptions:
@@ -55,18 +62,6 @@ class GraphStormClient(UpstreamClient):
     def options(self) -> BackendOptions:
         options = self.upstream.options
         return options if isinstance(options, BackendOptions) else BackendOptions()
-
-    async def start(self) -> None:
-        # Deadlines come from the data plane (route/upstream timeout); certificates are read now (docs/security.md).
-        assert self.endpoint is not None
-        self.http = UpstreamHttp(self.endpoint, http_client_tls(self.upstream.tls), self.label,
-                                 max_response=self.services.config.limits.max_request_bytes,
-                                 limit_name="limits.max_request_bytes", max_connections=_MAX_CONNECTIONS)
-
-    async def close(self) -> None:
-        if self.http is not None:
-            await self.http.close()
-            self.http = None
 
     async def infer(self, request: InferRequest, ctx: RequestContext) -> InferResponse:
         raw = request.raw if request.raw is not None and request.raw.protocol == PROTOCOL else None

@@ -33,12 +33,10 @@ from gateway.core.contracts import StreamedResponse
 from gateway.core.errors import ErrorKind, GatewayError, model_not_found
 from gateway.core.limits import BYTES_ELEMENT_COST
 from gateway.core.types import InferRequest, InferResponse, ModelMetadata, RequestContext
-from gateway.protocols.base import UpstreamClient
+from gateway.protocols.http_upstream import HttpUpstreamClient
 from gateway.protocols.openai import upstream_codec as codec
 from gateway.protocols.openai.upstream_options import EMBEDDINGS, OpenAiUpstreamOptions, parse_upstream_options
 from gateway.runtime.services import GatewayServices
-from gateway.runtime.tls import http_client_tls
-from gateway.transport.http_client.pool import UpstreamHttp
 from gateway.transport.http_client.reply import UpstreamReply
 from gateway.transport.http_server.sse import SseError, SseParser
 from gateway.transport.upstream import reading_reply, response_limit
@@ -50,8 +48,7 @@ STREAM_BUFFER_BYTES = 256 << 10
 _ERROR_BODY_BYTES = 64 << 10  # read of an error answer, or of what follows [DONE]
 
 
-class OpenAiClient(UpstreamClient):
-    http: UpstreamHttp | None = None
+class OpenAiClient(HttpUpstreamClient):
 
     @classmethod
     def parse_options(cls, node: Node) -> OpenAiUpstreamOptions:
@@ -61,6 +58,7 @@ class OpenAiClient(UpstreamClient):
         super().__init__(upstream, endpoint, services)
         self.options: OpenAiUpstreamOptions = self.upstream.options or OpenAiUpstreamOptions()
         self.max_response = response_limit(self.options.max_response_bytes, services)
+        self.max_connections = self.options.max_connections
         self._secrets: tuple[str, ...] = ()
         if self.options.api_key_env:
             key = os.environ.get(self.options.api_key_env, "").strip()
@@ -68,22 +66,7 @@ class OpenAiClient(UpstreamClient):
             self._secrets = (key,)
         self._models: TtlCache[list[str]] = TtlCache(MODEL_LIST_TTL, max_entries=1)
 
-    async def start(self) -> None:
-        assert self.endpoint is not None
-        self.http = UpstreamHttp(self.endpoint, http_client_tls(self.upstream.tls), self.label,
-                                 max_connections=self.options.max_connections, max_response=self.max_response)
-
-    async def close(self) -> None:
-        if self.http is not None:
-            await self.http.close()
-            self.http = None
-
     # --- transport ---------------------------------------------------------------
-
-    def _started(self) -> UpstreamHttp:
-        if self.http is None:
-            raise GatewayError(ErrorKind.INTERNAL, f"upstream {self.label} is not started")
-        return self.http
 
     def _headers(self, ctx: RequestContext | None, body: bool) -> dict[str, str]:
         headers = {"Content-Type": codec.JSON_TYPE} if body else {}
@@ -91,7 +74,7 @@ class OpenAiClient(UpstreamClient):
 
     async def _send(self, method: str, path: str, body: bytes | None = None,
                     ctx: RequestContext | None = None) -> UpstreamReply:
-        return await self._started().request(method, self.options.base_path + path,
+        return await self.started().request(method, self.options.base_path + path,
                                              self._headers(ctx, body is not None), body)
 
     def _error(self, status: int, body: bytes | bytearray) -> GatewayError:
@@ -151,7 +134,7 @@ class OpenAiClient(UpstreamClient):
         body = await self.services.offload.run(self._reading_cost(request), codec.encode_text_request, request, api,
                                                True)
         headers = {**self._headers(ctx, True), "Accept": "text/event-stream"}
-        stream = await self._started().stream("POST", self.options.base_path + codec.path_of(api), headers, body,
+        stream = await self.started().stream("POST", self.options.base_path + codec.path_of(api), headers, body,
                                               buffer_bytes=STREAM_BUFFER_BYTES)
         try:
             if stream.status != 200:

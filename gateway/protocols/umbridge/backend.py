@@ -39,19 +39,17 @@ from gateway.core.types import (
     RequestContext,
     Tensor,
 )
-from gateway.protocols.base import UpstreamClient
+from gateway.protocols.http_upstream import HttpUpstreamClient
 from gateway.protocols.umbridge import codec, passthrough
 from gateway.protocols.umbridge.mapping import umbridge_metadata
 from gateway.protocols.umbridge.options import UpstreamOptions, parse_upstream_options
 from gateway.runtime.services import GatewayServices
-from gateway.runtime.tls import http_client_tls
-from gateway.transport.http_client.pool import UpstreamHttp
 
 PLATFORM = "umbridge"
 _INPUT_NAME = re.compile(r"^input_(0|[1-9][0-9]{0,5})$")
 
 
-class UmbridgeClient(UpstreamClient):
+class UmbridgeClient(HttpUpstreamClient):
     operations = frozenset({DERIVATIVE_OPERATION, METADATA_OPERATION})
 
     @classmethod
@@ -61,25 +59,15 @@ class UmbridgeClient(UpstreamClient):
     def __init__(self, upstream: UpstreamConfig, endpoint: Address | None, services: GatewayServices) -> None:
         super().__init__(upstream, endpoint, services)
         self.options: UpstreamOptions = self.upstream.options or UpstreamOptions()
-        self.http: UpstreamHttp | None = None
-        self._info: TtlCache[list[str]] = TtlCache(self.options.metadata_ttl)
-        self._described: TtlCache[ModelMetadata] = TtlCache(self.options.metadata_ttl)
-
-    async def start(self) -> None:
         # Without keepalive, a new connection per call (the C++ reference
         # server stalls ~40 ms on reused connections). No bound on the
-        # connections: the cluster bounds the calls per endpoint. No total
-        # timeout: models may run for hours; the data plane bounds a call
-        # by the route's deadline, if any.
-        assert self.endpoint is not None
-        self.http = UpstreamHttp(self.endpoint, http_client_tls(self.upstream.tls), self.label,
-                                 max_response=self.services.config.limits.max_request_bytes,
-                                 limit_name="limits.max_request_bytes", keepalive=self.options.keepalive)
-
-    async def close(self) -> None:
-        if self.http is not None:
-            await self.http.close()
-            self.http = None
+        # connections: the cluster bounds the calls per endpoint. Models may
+        # run for hours: only the route's deadline bounds a call.
+        self.keepalive = self.options.keepalive
+        self.max_response = services.config.limits.max_request_bytes
+        self.limit_name = "limits.max_request_bytes"
+        self._info: TtlCache[list[str]] = TtlCache(self.options.metadata_ttl)
+        self._described: TtlCache[ModelMetadata] = TtlCache(self.options.metadata_ttl)
 
     # --- HTTP ------------------------------------------------------------------
 

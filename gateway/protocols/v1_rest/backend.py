@@ -41,13 +41,11 @@ from gateway.core.types import (
     RequestContext,
     Tensor,
 )
-from gateway.protocols.base import UpstreamClient
+from gateway.protocols.http_upstream import HttpUpstreamClient
 from gateway.protocols.v1_rest import EXPLAIN_OPERATION
 from gateway.protocols.v1_rest import upstream_codec as codec
 from gateway.protocols.v1_rest.upstream_options import V1UpstreamOptions, parse_upstream_options
 from gateway.runtime.services import GatewayServices
-from gateway.runtime.tls import http_client_tls
-from gateway.transport.http_client.pool import UpstreamHttp
 from gateway.transport.http_client.reply import UpstreamReply
 from gateway.transport.upstream import reading_reply, response_limit
 
@@ -67,9 +65,8 @@ def _encoded_size(tensor: Tensor) -> int:
     return sys.maxsize
 
 
-class V1RestClient(UpstreamClient):
+class V1RestClient(HttpUpstreamClient):
     operations = frozenset({EXPLAIN_OPERATION})
-    http: UpstreamHttp | None = None
 
     @classmethod
     def parse_options(cls, node: Node) -> V1UpstreamOptions:
@@ -79,26 +76,14 @@ class V1RestClient(UpstreamClient):
         super().__init__(upstream, endpoint, services)
         self.options: V1UpstreamOptions = self.upstream.options or V1UpstreamOptions()
         self.max_response = response_limit(self.options.max_response_bytes, self.services)
-
-    async def start(self) -> None:
-        # Certificates are read now (docs/security.md); the data plane bounds every call by its deadline.
-        assert self.endpoint is not None
-        self.http = UpstreamHttp(self.endpoint, http_client_tls(self.upstream.tls), self.label,
-                                 max_connections=self.options.max_connections, max_response=self.max_response)
-
-    async def close(self) -> None:
-        if self.http is not None:
-            await self.http.close()
-            self.http = None
+        self.max_connections = self.options.max_connections
 
     # --- transport ---------------------------------------------------------------
 
     async def _send(self, method: str, path: str, body: bytes | bytearray | None = None,
                     ctx: RequestContext | None = None) -> UpstreamReply:
-        if self.http is None:
-            raise GatewayError(ErrorKind.INTERNAL, f"upstream {self.label} is not started")
         headers = {"Content-Type": codec.JSON_TYPE} if body is not None else {}
-        return await self.http.request(method, path, {**headers, **self.request_headers(ctx)}, body)
+        return await self.started().request(method, path, {**headers, **self.request_headers(ctx)}, body)
 
     def _error(self, reply: UpstreamReply) -> GatewayError:
         return codec.decode_error(reply.status, reply.body, self.label)

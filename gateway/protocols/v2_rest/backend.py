@@ -52,11 +52,10 @@ from gateway.core.types import (
     RequestContext,
     TensorSpec,
 )
-from gateway.protocols.base import UpstreamClient
+from gateway.protocols.http_upstream import HttpUpstreamClient
 from gateway.protocols.v2_rest import codec
 from gateway.protocols.v2_rest.flat import METADATA_TTL, encode_flat_request, flat_answer_items
 from gateway.runtime.services import GatewayServices
-from gateway.runtime.tls import http_client_tls
 from gateway.transport.http_client.pool import UpstreamHttp
 from gateway.transport.http_client.reply import UpstreamReply as HttpReply  # renamed; the name here after the merge
 from gateway.transport.http_server.sse import SseError, SseEvent, SseParser
@@ -90,7 +89,7 @@ class RestUpstreamOptions:
     stream_relay: str = HOLD_LAST  # infer_stream's events: hold_last | immediate (gateway/protocols/upstream.py)
 
 
-class V2RestClient(UpstreamClient):
+class V2RestClient(HttpUpstreamClient):
     http: UpstreamHttp | None = None
 
     @classmethod
@@ -107,33 +106,20 @@ class V2RestClient(UpstreamClient):
         super().__init__(upstream, endpoint, services)
         self.options: RestUpstreamOptions = self.upstream.options or RestUpstreamOptions()
         self.max_response = response_limit(self.options.max_response_bytes, self.services)
+        self.max_connections = self.options.max_connections
         # Whether this endpoint takes binary tensors; None until learned.
         self.binary: bool | None = {"always": True, "never": False}.get(self.options.binary)
         self._asked_metadata = False
         # generate_stream reads answers by the model's outputs (docs/protocols.md).
         self._metadata: TtlCache[ModelMetadata] = TtlCache(METADATA_TTL)
 
-    async def start(self) -> None:
-        assert self.endpoint is not None
-        # Certificates are read now (docs/security.md). No total timeout: the
-        # data plane bounds every call by the route's deadline.
-        self.http = UpstreamHttp(self.endpoint, http_client_tls(self.upstream.tls), self.label,
-                                 max_connections=self.options.max_connections, max_response=self.max_response)
-
-    async def close(self) -> None:
-        if self.http is not None:
-            await self.http.close()
-            self.http = None
-
     # --- transport ---------------------------------------------------------------
 
     async def _send(self, method: str, path: str, body: bytes | bytearray | None = None,
                     headers: dict[str, str] | None = None, ctx: RequestContext | None = None) -> HttpReply:
-        if self.http is None:
-            raise GatewayError(ErrorKind.INTERNAL, f"upstream {self.label} is not started")
         # Tensors barely compress and the upstream is usually near: the
         # transport asks for uncompressed replies (Accept-Encoding: identity).
-        return await self.http.request(method, path, {**(headers or {}), **self.request_headers(ctx)}, body)
+        return await self.started().request(method, path, {**(headers or {}), **self.request_headers(ctx)}, body)
 
     def _error(self, reply: HttpReply) -> GatewayError:
         return codec.decode_error(reply.status, reply.body, self.label)
@@ -282,9 +268,7 @@ class V2RestClient(UpstreamClient):
         """The events of one streamed exchange, decoded, flagged as
         ``stream_relay`` says (at once when the client needs no final flag:
         ``ctx.end_marked``)."""
-        if self.http is None:
-            raise GatewayError(ErrorKind.INTERNAL, f"upstream {self.label} is not started")
-        stream = await self.http.stream("POST", path, headers, body, buffer_bytes=STREAM_BUFFER_BYTES)
+        stream = await self.started().stream("POST", path, headers, body, buffer_bytes=STREAM_BUFFER_BYTES)
         try:
             if stream.status != 200:
                 raise codec.decode_error(stream.status, await stream.read_all(64 << 10), self.label)
