@@ -64,6 +64,17 @@ def test_the_tensorrt_llm_preset_sends_batched_inputs() -> None:
     assert inputs["text_input"][1] == (1, 1)
 
 
+def test_a_value_the_models_input_cannot_hold_is_the_clients_error() -> None:
+    """A negative seed for TensorRT-LLM's UINT64 random_seed: OpenAI's
+    invalid-request form naming the field, never a crash (found by fuzzing)."""
+    asked = codec.decode_chat(orjson.dumps({**ASKED, "seed": -3}), LIMITS)
+    route = _options({"preset": "tensorrt-llm"})
+    with pytest.raises(codec.FieldError) as refused:
+        mapping.text_request(asked, mapping.render_prompt(asked.messages or [], route), route, "id-1")
+    assert refused.value.param == "seed" and refused.value.kind.name == "INVALID_INPUT"
+    assert "random_seed (UINT64)" in refused.value.message
+
+
 def test_fields_names_and_template_are_configurable() -> None:
     request = _request({"text_input": "prompt", "fields": {"seed": "none", "temperature": "input:temp:FP64",
                                                            "stop": "parameter:stop"},

@@ -30,7 +30,7 @@ import orjson
 from gateway.config.node import Node
 from gateway.core.errors import ErrorKind, GatewayError
 from gateway.core.types import InferRequest, InferResponse, Tensor
-from gateway.protocols.openai.codec import Message, TextRequest
+from gateway.protocols.openai.codec import FieldError, Message, TextRequest
 
 APIS = ("completions", "chat", "embeddings")
 # Where a field goes: a model input, a request parameter, a member of the JSON input, or nowhere.
@@ -173,8 +173,12 @@ def text_request(request: TextRequest, prompt: str, options: RouteOptions, reque
         if value is None or target is None or target.place == "none":
             continue
         if target.place == "input":
-            inputs.append(_tensor(target.name, target.datatype, value if isinstance(value, list) else [value],
-                                  preset.batched))
+            try:
+                inputs.append(_tensor(target.name, target.datatype, value if isinstance(value, list) else [value],
+                                      preset.batched))
+            except (OverflowError, ValueError, TypeError):  # e.g. a negative seed for a UINT64 input
+                raise FieldError(name, f"'{name}' does not fit the model's input {target.name} "
+                                 f"({target.datatype})") from None
         elif target.place == "parameter":
             parameters[target.name] = orjson.dumps(value).decode() if isinstance(value, list) else value
         else:
